@@ -1,0 +1,204 @@
+"""The node's configuration tree: one strict pydantic model, loaded from YAML or TOML.
+
+Every section forbids unknown keys and bounds its fields, so that a typo or a bad value fails
+before any work starts, with a message naming the dotted key to change. This module must not
+import torch (``gradnode --help`` stays fast).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A configuration file or override is invalid; the message names the key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(_Section):
+    run_id: str = Field("gradnode-tiny", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
+                        description="Swarm identifier: peers only accept updates and state of the same run.")
+    seed: int = Field(0, ge=0, description="Seed for model init and data order (shared by the whole swarm).")
+    output_dir: Path = Field(Path("runs/default"), description="Folder for checkpoints, keys, logs and metrics.")
+
+
+class ModelConfig(_Section):
+    kind: Literal["gpt", "hf"] = Field("gpt", description="Built-in GPT ('gpt') or a Hugging Face causal LM ('hf').")
+    n_layer: int = Field(4, ge=1, le=128, description="Transformer blocks (gpt).")
+    n_head: int = Field(4, ge=1, le=128, description="Attention heads per block (gpt).")
+    d_model: int = Field(128, ge=8, le=16384, description="Hidden width (gpt); must divide by n_head.")
+    d_ff: int | None = Field(None, ge=8, description="MLP width (gpt); default 4 * d_model.")
+    seq_len: int = Field(128, ge=8, le=65536, description="Context length in tokens.")
+    vocab_size: int = Field(256, ge=2, le=1_000_000, description="Vocabulary size; 256 for the byte-level corpus.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout probability (gpt).")
+    tie_embeddings: bool = Field(True, description="Share input embedding and output head weights (gpt).")
+    hf_config: str | None = Field(None, description="Path or cached name of a transformers config (kind='hf'); "
+                                                    "weights are randomly initialised, never downloaded.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelConfig":
+        if self.kind == "gpt" and self.d_model % self.n_head:
+            raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.n_head ({self.n_head})")
+        if self.kind == "hf" and not self.hf_config:
+            raise ValueError("model.hf_config is required when model.kind is 'hf'")
+        return self
+
+
+class DataConfig(_Section):
+    source: Literal["stdlib", "text", "hf"] = Field(
+        "stdlib", description="'stdlib': the running interpreter's standard-library sources (no download); "
+                              "'text': local text files or folders in data.paths; 'hf': a Hugging Face dataset.")
+    paths: list[Path] = Field(default_factory=list, description="Files or folders of text (source='text').")
+    hf_dataset: str | None = Field(None, description="Dataset name or local path (source='hf').")
+    hf_split: str = Field("train", description="Dataset split (source='hf').")
+    hf_text_field: str = Field("text", description="Column holding the text (source='hf').")
+    val_fraction: float = Field(0.02, gt=0.0, lt=0.5, description="Share of the corpus held out for validation.")
+    max_bytes: int = Field(64 * 2**20, ge=1024, description="Upper bound on corpus bytes loaded into memory.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "DataConfig":
+        if self.source == "text" and not self.paths:
+            raise ValueError("data.paths must list at least one file or folder when data.source is 'text'")
+        if self.source == "hf" and not self.hf_dataset:
+            raise ValueError("data.hf_dataset is required when data.source is 'hf'")
+        return self
+
+
+class InnerConfig(_Section):
+    steps: int = Field(20, ge=1, le=100_000, description="H: inner optimizer steps per round.")
+    batch_size: int = Field(16, ge=1, description="Sequences per micro-batch.")
+    grad_accum: int = Field(1, ge=1, description="Micro-batches accumulated per inner step.")
+    lr: float = Field(3e-3, gt=0.0, le=1.0, description="Peak inner AdamW learning rate.")
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="Cosine floor as a fraction of inner.lr.")
+    warmup_steps: int = Field(20, ge=0, description="Linear warmup, in inner steps.")
+    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas.")
+    weight_decay: float = Field(0.1, ge=0.0, description="AdamW decoupled weight decay.")
+    grad_clip: float = Field(1.0, ge=0.0, description="Global gradient-norm clip; 0 disables it.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="'auto' picks CUDA when available.")
+    bf16: bool = Field(True, description="bf16 autocast on CUDA (ignored on CPU).")
+
+
+class CodecConfig(_Section):
+    chunk: int = Field(4096, ge=16, le=65536, description="Values per chunk (64x64 tiles for 2-D weights).")
+    topk: int = Field(64, ge=1, description="Values kept per chunk, by magnitude.")
+    bits: int = Field(2, ge=1, le=8, description="Bits per kept value.")
+    index_coding: Literal["packed12", "rice"] = Field(
+        "rice", description="'packed12': fixed 12-bit in-chunk indices (Templar); 'rice': entropy-coded gaps.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "CodecConfig":
+        if self.topk > self.chunk:
+            raise ValueError(f"codec.topk ({self.topk}) must not exceed codec.chunk ({self.chunk})")
+        return self
+
+
+class OuterConfig(_Section):
+    algorithm: Literal["sparseloco", "diloco", "ddp"] = Field(
+        "sparseloco", description="'sparseloco': compressed pseudo-gradients with error feedback; "
+                                  "'diloco': dense pseudo-gradients, Nesterov outer momentum; "
+                                  "'ddp': gradients averaged every step (reference).")
+    lr: float = Field(1.0, gt=0.0, le=10.0, description="Outer learning rate.")
+    momentum: float = Field(0.0, ge=0.0, lt=1.0, description="Outer momentum (0 for SparseLoCo, ~0.9 for DiLoCo).")
+    nesterov: bool = Field(False, description="Nesterov outer momentum (DiLoCo).")
+    ef_beta: float = Field(0.95, ge=0.0, le=1.0, description="Error-feedback decay.")
+    aggregation: Literal["mean", "coord_mean"] = Field(
+        "mean", description="'mean': average over contributing peers; 'coord_mean': per coordinate, over the "
+                            "peers that sent it.")
+    clip_to_median: bool = Field(True, description="Clip each peer's update to the round's median norm.")
+
+
+class SwarmConfig(_Section):
+    initial_peers: list[str] = Field(default_factory=list, description="Multiaddrs of known peers (bootstrap).")
+    host_maddrs: list[str] = Field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"],
+                                   description="Addresses to listen on.")
+    announce_maddrs: list[str] = Field(default_factory=list, description="Public addresses to advertise.")
+    client_mode: bool = Field(False, description="Accept no inbound connections (peer behind NAT).")
+    identity_path: Path | None = Field(None, description="Key file; default <run.output_dir>/identity.key.")
+    rounds: int = Field(0, ge=0, description="Rounds to train before leaving; 0 means until stopped.")
+    deadline_slack: float = Field(1.5, ge=1.0, le=100.0,
+                                  description="Round deadline = slack x the median peer's observed round time.")
+    min_deadline_s: float = Field(2.0, gt=0.0, description="Lower bound on the round deadline, seconds.")
+    record_ttl_s: float = Field(60.0, gt=0.0, description="Lifetime of membership records in the DHT.")
+    bandwidth: str | None = Field(None, description="Cap on this peer's link, e.g. '10mbit' (simulation).")
+
+
+class CheckpointConfig(_Section):
+    every_rounds: int = Field(1, ge=0, description="Save every N rounds; 0 disables periodic saves.")
+    keep: int = Field(2, ge=1, description="Checkpoints kept on disk.")
+    resume: bool = Field(True, description="Resume from the newest valid checkpoint in run.output_dir.")
+
+
+class Config(_Section):
+    """The whole tree; every section has defaults, so an empty file is the embedded default."""
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    inner: InnerConfig = Field(default_factory=InnerConfig)
+    codec: CodecConfig = Field(default_factory=CodecConfig)
+    outer: OuterConfig = Field(default_factory=OuterConfig)
+    swarm: SwarmConfig = Field(default_factory=SwarmConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    rounds: int = Field(50, ge=1, description="Rounds to train (gradnode train).")
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        lines.append(f"  {key}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, source)) from None
+
+
+def load_config(path: Path | str | None, overrides: dict[str, Any] | None = None) -> Config:
+    """Load a YAML or TOML file (None: the embedded default), then apply dotted-key overrides."""
+    data: dict[str, Any] = {}
+    source = "<default>"
+    if path is not None:
+        path = Path(path)
+        source = str(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        text = path.read_text()
+        try:
+            loaded = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
+        except (yaml.YAMLError, tomllib.TOMLDecodeError) as err:
+            raise ConfigError(f"cannot parse {path}: {err}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: top level must be a mapping of sections")
+        data = loaded
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"{dotted}: '{part}' is not a section")
+            node = child
+        node[leaf] = value
+    return config_from_dict(data, source)
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """'inner.lr=1e-3' -> ('inner.lr', 0.001); the value is parsed as YAML (numbers, lists, bools)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"override '{item}' must look like section.key=value")
+    return key.strip(), yaml.safe_load(raw)

@@ -1,0 +1,1 @@
+"""gradnode.protocol: pure codec, wire format, records and aggregation. No I/O, no clocks."""

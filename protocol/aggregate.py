@@ -1,0 +1,91 @@
+"""Combining the round's decoded updates into one outer gradient, identically on every peer.
+
+Determinism: contributions are sorted by (sender, digest, weight), each is scaled by a coefficient
+computed in Python floats, and summed in that order with separate multiply and add ops (one IEEE
+rounding each, no fused multiply-add), so the result is bit-identical whatever the arrival order.
+Clipping: each update is scaled down to the median norm of the round (Templar), which bounds what a
+single peer with a huge or malicious update can do.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from gradnode.protocol.wire import DecodedUpdate
+
+RULES = ("mean", "coord_mean")
+
+
+@dataclass
+class _Contribution:
+    key: tuple[str, bytes]
+    tensors: Mapping[str, Tensor]
+    masks: Mapping[str, Tensor] | None
+    norm: float
+
+
+def _contribution(u: DecodedUpdate | Mapping[str, Tensor], index: int) -> _Contribution:
+    if isinstance(u, DecodedUpdate):
+        return _Contribution((u.sender, u.digest), u.tensors, u.masks, u.norm)
+    # plain tensors: the caller's order is the canonical order; every coordinate counts as sent
+    sq = math.fsum(float(t.double().square().sum().item()) for _, t in sorted(u.items()))
+    return _Contribution(("", index.to_bytes(4, "big")), u, None, math.sqrt(sq))
+
+
+def clip_scales(norms: Sequence[float]) -> list[float]:
+    """min(1, median / norm) per update (1 for zero norms)."""
+    median = statistics.median(norms)
+    return [1.0 if n <= median or n == 0.0 else median / n for n in norms]
+
+
+def aggregate(updates: Sequence[DecodedUpdate | Mapping[str, Tensor]], weights: Sequence[float] | None = None,
+              rule: str = "mean", clip_to_median: bool = True) -> dict[str, Tensor]:
+    """Weighted combination of decoded updates (fp32, on the updates' device).
+
+    rule 'mean': sum_i w_i s_i u_i / sum_i w_i, coordinates a peer did not send counting as zero.
+    rule 'coord_mean': per coordinate, sum_i w_i s_i u_i / sum_i w_i m_i over the peers i that sent it
+    (m_i its mask); coordinates nobody sent are zero. s_i is the median-norm clip scale (or 1).
+    Plain name -> tensor mappings are accepted too (in the caller's order, all coordinates sent).
+    """
+    if rule not in RULES:
+        raise ValueError(f"aggregation rule must be one of {RULES}, got {rule!r}")
+    if not updates:
+        raise ValueError("nothing to aggregate")
+    if weights is None:
+        weights = [1.0] * len(updates)
+    if len(weights) != len(updates):
+        raise ValueError("one weight per update")
+    weights = [float(w) for w in weights]
+    if any(not math.isfinite(w) or w < 0 for w in weights) or sum(weights) <= 0:
+        raise ValueError("weights must be finite, >= 0 and not all zero")
+    contribs = [_contribution(u, i) for i, u in enumerate(updates)]
+    shapes = {name: t.shape for name, t in contribs[0].tensors.items()}
+    for c in contribs:
+        if {name: t.shape for name, t in c.tensors.items()} != shapes:
+            raise ValueError(f"update {c.key[0]!r} does not match the others' tensors and shapes")
+    order = sorted(range(len(contribs)), key=lambda i: (contribs[i].key, weights[i]))
+    scales = clip_scales([contribs[i].norm for i in order]) if clip_to_median else [1.0] * len(order)
+    ws = [weights[i] for i in order]
+    total_w = math.fsum(ws)
+    out: dict[str, Tensor] = {}
+    for name in sorted(shapes):
+        acc = torch.zeros_like(contribs[order[0]].tensors[name], dtype=torch.float32)
+        if rule == "mean":
+            for i, w, s in zip(order, ws, scales):
+                acc.add_(contribs[i].tensors[name].float() * (w * s / total_w))
+        else:
+            denom = torch.zeros_like(acc)
+            for i, w, s in zip(order, ws, scales):
+                t = contribs[i].tensors[name].float()
+                masks = contribs[i].masks
+                acc.add_(t * (w * s))
+                denom.add_((masks[name] if masks is not None else t != 0).to(acc.dtype) * w)
+            acc = torch.where(denom > 0, acc / denom.clamp(min=1e-30), acc.new_zeros(()))
+        out[name] = acc
+    return out

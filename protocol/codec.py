@@ -9,8 +9,9 @@ rice), so a receiver knows all sizes before reading a byte of the body.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -74,6 +75,41 @@ def section_sizes(shape: tuple[int, ...], params: CodecParams, meta: dict[str, A
     if not n_sel <= ubits <= n_sel + (slack >> r):
         raise ProtocolError(f"unary stream length {ubits} impossible for {n_sel} positions")
     return SectionSizes(n_sel, (values, packed_nbytes(n_sel, r), (ubits + 7) // 8))
+
+
+class CpuKernel(Protocol):
+    """A faster CPU encoder that writes exactly the bytes encode_tensor writes (registered by the runtime)."""
+
+    name: str
+
+    def encode(self, flats: Sequence[Tensor], shapes: Sequence[tuple[int, ...]], params: CodecParams) -> list[Encoded]:
+        """Flattened contiguous fp32 CPU tensors (and their shapes) -> one Encoded each; ProtocolError on NaN/Inf."""
+        ...
+
+
+_cpu_kernel: CpuKernel | None = None
+
+
+def set_cpu_kernel(kernel: CpuKernel | None) -> CpuKernel | None:
+    """Route sparse encoding of CPU tensors through kernel (None: the torch ops below). Returns the previous one."""
+    global _cpu_kernel
+    previous, _cpu_kernel = _cpu_kernel, kernel
+    return previous
+
+
+def cpu_kernel() -> CpuKernel | None:
+    return _cpu_kernel
+
+
+def encode_tensors(tensors: Sequence[Tensor], params: CodecParams) -> list[Encoded]:
+    """encode_tensor over a whole update; CPU tensors go through the registered kernel in one batch."""
+    kernel = _cpu_kernel
+    on_cpu = [i for i, t in enumerate(tensors) if t.device.type == "cpu"]
+    if kernel is None or params.dense or not on_cpu:
+        return [encode_tensor(t, params) for t in tensors]
+    flats = [tensors[i].detach().reshape(-1).float().contiguous() for i in on_cpu]  # exact for bf16/fp16
+    fast = dict(zip(on_cpu, kernel.encode(flats, [tuple(tensors[i].shape) for i in on_cpu], params)))
+    return [fast[i] if i in fast else encode_tensor(t, params) for i, t in enumerate(tensors)]
 
 
 def encode_tensor(t: Tensor, params: CodecParams) -> Encoded:

@@ -9,6 +9,8 @@ and costs nothing: the total is n*(r+1) + sum(g >> r) bits, Rice's length. At 64
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -27,12 +29,14 @@ def undo_gaps(g: Tensor) -> Tensor:
 
 
 def best_rice_param(g: Tensor) -> int:
-    """r minimising n*r + sum(g >> r): start from log2(mean gap * ln 2), check the neighbours."""
+    """r minimising n*r + sum(g >> r): start from floor(log2(mean gap * 0.6931)), check the neighbours.
+
+    Exact integer and float64 arithmetic only, so every backend picks the same r.
+    """
     n = g.numel()
     if n == 0:
         return 0
-    mean = float(g.double().mean().item())
-    guess = max(0, min(MAX_RICE_PARAM, int(torch.tensor(max(mean * 0.6931, 1.0)).log2().floor().item())))
+    guess = max(0, min(MAX_RICE_PARAM, math.frexp(max(int(g.sum()) / n * 0.6931, 1.0))[1] - 1))
     best_r, best_cost = guess, None
     for r in range(max(0, guess - 1), min(MAX_RICE_PARAM, guess + 1) + 1):
         cost = n * r + int((g >> r).sum().item())

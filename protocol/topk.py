@@ -26,6 +26,21 @@ def _check_finite(t: Tensor) -> None:
         raise ProtocolError("update holds NaN or Inf values")
 
 
+def _select(rows: Tensor, k: int) -> Tensor:
+    """Mask of the top-k entries of each row; among entries equal to the k-th largest, the lowest
+    columns win (the tie rule every backend follows, so payloads are reproducible bytes)."""
+    kth = rows.topk(k, dim=1, sorted=False).values.amin(dim=1, keepdim=True)
+    above = rows > kth
+    tied = rows == kth
+    need = k - above.sum(dim=1, keepdim=True)
+    return above | (tied & (tied.cumsum(dim=1) <= need))
+
+
+def _selected_columns(rows: Tensor, k: int) -> Tensor:
+    """[n, m] -> [n, k] columns picked by _select, ascending per row."""
+    return torch.nonzero(_select(rows, k))[:, 1].view(rows.shape[0], k)
+
+
 def topk_direct(view: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """[a, h, b, w] view -> (positions, values), each [a*b, k], positions ascending per row."""
     a, h, b, w = view.shape
@@ -34,8 +49,7 @@ def topk_direct(view: Tensor, k: int) -> tuple[Tensor, Tensor]:
     if k >= h * w:
         pos = torch.arange(h * w, device=mat.device).expand(a * b, -1).contiguous()
         return pos, mat
-    idx = mat.abs().topk(k, dim=1, sorted=False).indices
-    pos = idx.sort(dim=1).values
+    pos = _selected_columns(mat.abs(), k)
     return pos, mat.gather(1, pos)
 
 
@@ -98,19 +112,15 @@ def _topk_slab(x: Tensor, k: int, s: int, buf: Tensor, mask_buf: Tensor) -> tupl
     col = torch.arange(ids.numel(), device=x.device) - starts[chunk]
     cand_mag = mag.view(-1).take(ids)
     padded = torch.full((n_chunks, width), -1.0, device=x.device)
-    padded[chunk, col] = cand_mag
-    top = padded.topk(k, dim=1, sorted=False).indices
-    light = torch.nonzero(~heavy).view(-1)
-    picked = torch.zeros(ids.numel(), dtype=torch.bool, device=x.device)
-    picked[(starts[light].unsqueeze(1) + top[light]).view(-1)] = True
-    sel = ids[picked]
-    if light.numel() == n_chunks:
-        return sel.view(n_chunks, k), cand_mag[picked].view(n_chunks, k)
+    padded[chunk, col] = cand_mag  # candidates in position order, so _select's tie rule holds
+    picked = _select(padded, k)[chunk, col]
+    if not bool(heavy.any()):
+        return ids[picked].view(n_chunks, k), cand_mag[picked].view(n_chunks, k)
     out = torch.empty((n_chunks, k), dtype=torch.int64, device=x.device)
-    out[light] = sel.view(-1, k)
+    light = torch.nonzero(~heavy).view(-1)
+    out[light] = ids[picked].view(-1, k)
     hrows = torch.nonzero(heavy).view(-1)
-    hidx = mag[hrows].topk(k, dim=1, sorted=False).indices.sort(dim=1).values
-    out[hrows] = hidx + hrows.unsqueeze(1) * size
+    out[hrows] = _selected_columns(mag[hrows], k) + hrows.unsqueeze(1) * size
     return out, mag.view(-1).take(out.view(-1)).view(n_chunks, k)
 
 
@@ -118,7 +128,7 @@ def topk_group(flat: Tensor, group: Group, k: int) -> tuple[Tensor, Tensor]:
     """Exact top-k |x| in each chunk of a group of a contiguous 1-D tensor (any float dtype).
 
     Returns (positions int64, values fp32), each [n_chunks, min(k, chunk_numel)], positions ascending.
-    Ties between equal magnitudes are broken arbitrarily. Raises ProtocolError on NaN/Inf.
+    Among equal magnitudes the lowest positions win. Raises ProtocolError on NaN/Inf.
     """
     view = group.view(flat)
     k = min(k, group.chunk_numel)

@@ -22,7 +22,7 @@ import torch
 import zstandard
 from torch import Tensor
 
-from gradnode.protocol.codec import DTYPE_NAMES, DTYPES, Encoded, decode_tensor, encode_tensor, section_sizes
+from gradnode.protocol.codec import DTYPE_NAMES, DTYPES, Encoded, decode_tensor, encode_tensors, section_sizes
 from gradnode.protocol.errors import ProtocolError
 from gradnode.protocol.params import CodecParams
 
@@ -94,8 +94,8 @@ def encode_with_reconstruction(update: Mapping[str, Tensor], *, params: CodecPar
     _check_meta(run_id, round, sender, tokens)
     if not isinstance(params, CodecParams):
         raise ProtocolError("params must be a CodecParams")
-    specs, sections, encoded = [], [], {}
-    for name in sorted(update):
+    names = sorted(update)
+    for name in names:
         t = update[name]
         if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME:
             raise ProtocolError(f"tensor names must be non-empty str of at most {MAX_NAME} chars: {name!r}")
@@ -103,8 +103,10 @@ def encode_with_reconstruction(update: Mapping[str, Tensor], *, params: CodecPar
             raise ProtocolError(f"{name}: expected a float tensor ({', '.join(DTYPES)})")
         if t.dim() > MAX_NDIM:
             raise ProtocolError(f"{name}: at most {MAX_NDIM} dimensions")
-        enc = encode_tensor(t, params)
-        encoded[name] = enc
+    encoded = dict(zip(names, encode_tensors([update[name] for name in names], params)))
+    specs, sections = [], []
+    for name, enc in encoded.items():
+        t = update[name]
         specs.append({"name": name, "shape": list(t.shape), "dtype": DTYPE_NAMES[t.dtype], **enc.meta})
         sections += enc.sections
     if sections:

@@ -1,0 +1,115 @@
+import pytest
+import torch
+
+from _tiny import tiny_config
+from gradnode.node.engine import Engine
+from gradnode.protocol import decode_update
+
+
+def sync_rounds(engines, rounds):
+    for _ in range(rounds):
+        for e in engines:
+            e.inner_round()
+        updates = [decode_update(e.make_update(sender=f"peer-{i}")) for i, e in enumerate(engines)]
+        for e in engines:
+            e.apply_aggregate(updates)
+
+
+@pytest.mark.parametrize("outer", [{"algorithm": "sparseloco"},
+                                   {"algorithm": "diloco", "lr": 0.7, "momentum": 0.9, "nesterov": True}])
+def test_rounds_lower_the_validation_loss(outer):
+    cfg = tiny_config(outer=outer)
+    engines = [Engine(cfg, peer_index=i) for i in range(2)]
+    before = engines[0].evaluate(4)
+    sync_rounds(engines, 5)
+    after = engines[0].evaluate(4)
+    assert after < before - 0.5, (before, after)
+    assert engines[0].param_hash() == engines[1].param_hash()
+    assert engines[0].round == 5
+
+
+def test_synchronous_round_leaves_local_equal_to_global():
+    e = Engine(tiny_config())
+    sync_rounds([e], 1)
+    for n, p in e.model.named_parameters():
+        assert torch.equal(p.detach(), e.global_params[n]), n
+
+
+def test_arrival_order_does_not_change_the_weights():
+    cfg = tiny_config()
+    peers = [Engine(cfg, peer_index=i) for i in range(3)]
+    for p in peers:
+        p.inner_round()
+    updates = [decode_update(p.make_update(sender=f"peer-{i}")) for i, p in enumerate(peers)]
+    a, b = Engine(cfg, peer_index=7), Engine(cfg, peer_index=8)
+    assert a.param_hash() == b.param_hash()
+    a.apply_aggregate(updates, weights=[1.0, 2.0, 3.0])
+    b.apply_aggregate(list(reversed(updates)), weights=[3.0, 2.0, 1.0])
+    assert a.param_hash() == b.param_hash()
+    assert a.param_hash() != Engine(cfg).param_hash()
+
+
+def test_overlapped_order_keeps_own_progress_and_global_weights_shared():
+    cfg = tiny_config()
+    a, b = Engine(cfg, peer_index=0), Engine(cfg, peer_index=1)
+    for e in (a, b):
+        e.inner_round()
+    pending = [decode_update(e.make_update(sender=s)) for e, s in ((a, "a"), (b, "b"))]
+    for _ in range(3):
+        for e in (a, b):
+            e.inner_round()  # round r+1 runs while round r is "exchanged"
+        for e in (a, b):
+            before = {n: p.detach() - e.start[n] for n, p in e.params.items()}
+            e.apply_aggregate(pending)
+            for n, p in e.params.items():  # local progress survives the rebase
+                assert torch.allclose(p.detach() - e.start[n], before[n], atol=1e-6)
+        assert a.param_hash() == b.param_hash()
+        pending = [decode_update(e.make_update(sender=s)) for e, s in ((a, "a"), (b, "b"))]
+
+
+def test_straggler_stops_early_and_no_updates_round_is_a_no_op():
+    e = Engine(tiny_config())
+    calls = iter([False, False, True])
+    stats = e.inner_round(should_stop=lambda: next(calls))
+    assert stats.steps == 2 and stats.tokens == 2 * 4 * 32 and stats.tokens_per_s > 0
+    assert e.inner_round(max_steps=1).steps == 1
+    h = e.param_hash()
+    e.apply_aggregate([])
+    assert e.param_hash() == h and e.round == 1
+
+
+def test_update_for_another_round_is_rejected():
+    a, b = Engine(tiny_config()), Engine(tiny_config())
+    a.inner_round()
+    update = decode_update(a.make_update(sender="a"))
+    b.apply_aggregate([])
+    with pytest.raises(ValueError, match="round 0"):
+        b.apply_aggregate([update])
+
+
+def test_shared_state_lets_a_joiner_catch_up():
+    cfg = tiny_config(outer={"algorithm": "diloco", "momentum": 0.9, "nesterov": True, "lr": 0.7})
+    old = Engine(cfg)
+    sync_rounds([old], 2)
+    joiner = Engine(cfg, peer_index=5)
+    joiner.load_shared_state(old.shared_state())
+    assert joiner.param_hash() == old.param_hash() and joiner.round == 2
+    sync_rounds([old, joiner], 1)
+    assert joiner.param_hash() == old.param_hash()
+    with pytest.raises(ValueError, match="run.run_id"):
+        Engine(tiny_config(run={"run_id": "other"})).load_shared_state(old.shared_state())
+
+
+def test_update_is_compressed_and_tagged():
+    e = Engine(tiny_config())
+    e.inner_round()
+    payload = e.make_update(sender="me")
+    d = decode_update(payload)
+    assert (d.sender, d.round, d.tokens) == ("me", 0, 4 * 4 * 32)
+    n = sum(t.numel() for t in e.global_params.values())
+    assert len(payload) < 4 * n / 20  # SparseLoCo: far below fp32
+
+
+def test_ddp_is_not_a_peer_algorithm():
+    with pytest.raises(ValueError, match="outer.algorithm"):
+        Engine(tiny_config(outer={"algorithm": "ddp"}))

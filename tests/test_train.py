@@ -1,0 +1,37 @@
+from typer.testing import CliRunner
+
+from _tiny import tiny_config
+from gradnode.node.cli import app
+from gradnode.node.train import train
+
+
+def test_train_end_to_end_and_resume(tmp_path):
+    cfg = tiny_config(tmp_path, rounds=4)
+    summary = train(cfg, eval_every=2, eval_batches=2)
+    assert summary.rounds == 4 and summary.val_loss < summary.val_loss_start
+    assert summary.tokens == 4 * 4 * 4 * 32 and summary.bytes_per_round > 0
+    assert (tmp_path / "checkpoints" / "round-00000004").is_dir()
+    again = train(tiny_config(tmp_path, rounds=5), eval_batches=2)  # resumes at round 4
+    assert again.rounds == 1
+
+
+def test_cli_train_runs_and_prints_a_summary(tmp_path):
+    args = ["train", "--rounds", "2", "--output-dir", str(tmp_path), "--set", "model.d_model=32",
+            "--set", "model.n_layer=1", "--set", "model.seq_len=32", "--set", "inner.steps=2",
+            "--set", "inner.batch_size=2", "--set", "inner.device=cpu"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "val loss" in result.output and "tokens" in result.output
+
+
+def test_cli_train_bad_config_names_the_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("inner:\n  lr: -1\n")
+    result = CliRunner().invoke(app, ["train", "--config", str(bad)])
+    assert result.exit_code == 2 and "inner.lr" in result.output
+
+
+def test_cli_train_missing_data_path(tmp_path):
+    result = CliRunner().invoke(app, ["train", "--output-dir", str(tmp_path), "--set", "data.source=text",
+                                      "--set", f"data.paths=[{tmp_path / 'nope'}]"])
+    assert result.exit_code == 2 and "data.paths" in result.output

@@ -1,0 +1,68 @@
+"""`gradnode bench swarm`: real swarms on 127.0.0.1, figures printed, nothing asserted.
+
+1. Utilisation: 4 peers on the given config with every link capped (token bucket), overlapped
+   exchange: time in inner steps / wall time, and the seconds per round the main loop waited for
+   communication (the part not hidden behind compute).
+2. Traffic: bytes up and down per peer per round at each swarm size (a small model, so that 8 peers
+   fit on a laptop), with the largest single upload (gossip keeps the sender's upload from growing).
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from gradnode.node import simulate as sim
+
+TRAFFIC_MODEL = ["model.n_layer=2", "model.n_head=2", "model.d_model=64", "model.seq_len=64", "inner.batch_size=4",
+                 "inner.steps=6", "inner.warmup_steps=2", "swarm.min_deadline_s=1.0"]
+
+
+def _swarm(out: Path, peers: int, rounds: int, config: Path | None, overrides: list[str],
+           bandwidth: str | None) -> dict[str, Any]:
+    s = sim.SimSettings(peers=peers, rounds=rounds, config=config, out_dir=out, bandwidth=bandwidth,
+                        overrides=overrides, eval_peers=0, timeout_s=1800)
+    return sim.run(s, live=False)
+
+
+def _per_round(summary: dict[str, Any]) -> dict[str, Any]:
+    ok = [p for p in summary["peers"] if "error" not in p]
+    rounds = max(1, summary["rounds"])
+    up = [p["bytes_up"] / rounds for p in ok]
+    down = [p["bytes_down"] / rounds for p in ok]
+    return {"peers": len(summary["peers"]), "finished": len(ok), "identical_hashes": summary["identical_hashes"],
+            "up_per_peer_round_mean": statistics.mean(up) if up else 0.0, "up_per_peer_round_max": max(up, default=0),
+            "down_per_peer_round_mean": statistics.mean(down) if down else 0.0,
+            "utilization_mean": statistics.mean(p["utilization"] for p in ok) if ok else 0.0,
+            "comm_wait_s_per_round": statistics.mean(p["comm_wait_s_per_round"] for p in ok) if ok else 0.0}
+
+
+def run(sizes: list[int], *, rounds: int, bandwidth: str, config: Path | None, overrides: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"bandwidth": bandwidth, "rounds": rounds}
+    with tempfile.TemporaryDirectory(prefix="gradnode-bench-") as tmp:
+        util = _swarm(Path(tmp) / "util", 4, rounds, config, overrides, bandwidth)
+        out["utilization_4_peers"] = _per_round(util)
+        out["traffic"] = [_per_round(_swarm(Path(tmp) / f"n{n}", n, rounds, None, TRAFFIC_MODEL + overrides, None))
+                          for n in sizes]
+    return out
+
+
+def print_result(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    u = result["utilization_4_peers"]
+    console = Console()
+    console.print(f"4 peers, link cap {result['bandwidth']}: utilization {u['utilization_mean']:.1%}, "
+                  f"non-overlapped communication {u['comm_wait_s_per_round']:.2f} s/round, "
+                  f"identical weights: {u['identical_hashes']}")
+    t = Table(title="traffic per peer per round")
+    for col in ("peers", "up mean KB", "up max KB", "down mean KB", "identical"):
+        t.add_column(col, justify="right")
+    for row in result["traffic"]:
+        t.add_row(str(row["peers"]), f"{row['up_per_peer_round_mean'] / 1e3:.1f}",
+                  f"{row['up_per_peer_round_max'] / 1e3:.1f}", f"{row['down_per_peer_round_mean'] / 1e3:.1f}",
+                  str(row["identical_hashes"]))
+    console.print(t)

@@ -1,0 +1,335 @@
+"""One round's exchange: announce, fetch and verify everyone's update, agree on the set, hand it back.
+
+How every honest peer ends a round with the same set of updates (and so with identical weights):
+
+1. Each peer announces its update for round r in the DHT (digest, size, tokens; signed) and serves
+   the bytes; every peer fetches every announced update from any holder (gossip), checks digest,
+   envelope, run, round, sender, signature and shapes, and counts rejections per sender.
+2. The round's deadline comes from observed speeds: once half the live training peers have announced
+   (the anchor), the window is ``(slack - 1) x`` the median peer's round time (at least
+   ``min_deadline_s``). It ends early when every live training peer's update has been verified.
+3. At its deadline each peer publishes a *proposal*: the (sender, digest) pairs it verified.
+4. Every peer adopts the proposal of the round's *leader*: the lowest peer id among the *eligible*
+   proposers (the senders the previous round agreed on: alive and on time; the live trainers in a
+   peer's first round), waiting up to a grace period (the deadline window, at least
+   ``commit_grace_s``) for lower-id eligible peers that have not proposed yet. A late straggler is
+   not eligible the round after it missed, so it cannot overturn a decision; a crashed leader never
+   proposes, so after the grace the next eligible id leads.
+   Peers then fetch whatever the leader included that they lack. The rare disagreement (a leader's
+   proposal seen by some peers only) shows up in the per-round weight hashes and is repaired by
+   re-syncing from the majority (swarm.py).
+
+An update that misses the deadline is excluded by everyone alike; its sender gets ``own_included =
+False`` and puts the content back into its local progress, so nothing is lost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import random
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from gradnode.node.config import SwarmConfig
+from gradnode.node.identity import verify
+from gradnode.node.membership import Membership
+from gradnode.node.transport import Transport
+from gradnode.protocol import ProtocolError, decode_update, signing_digest
+from gradnode.protocol.records import Holdings, Proposal, UpdateAnnouncement, leader, update_name
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.2
+
+
+class Rejections:
+    """Rejected updates per sender and reason (unsigned, forged, replayed, malformed, oversized)."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, Counter] = defaultdict(Counter)
+        self._lock = threading.Lock()
+
+    def add(self, sender: str, reason: str) -> None:
+        with self._lock:
+            self._counts[sender][reason] += 1
+        log.warning("update rejected sender=%s reason=%s", sender, reason)
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(sum(c.values()) for c in self._counts.values())
+
+    def by_sender(self) -> dict[str, dict[str, int]]:
+        with self._lock:
+            return {s: dict(c) for s, c in self._counts.items()}
+
+
+@dataclass
+class Outcome:
+    """What round r's exchange decided."""
+
+    round: int
+    updates: list[Any]  # DecodedUpdate, in the leader's (sender-sorted) order
+    weights: list[float]
+    senders: list[str]
+    own_included: bool
+    leader: str | None
+    decided: bool  # False: no proposal arrived in time (the round is skipped by this peer)
+    seconds: float  # from announcement to decision
+
+
+def deadline_from(first_seen: dict[str, float], n_live: int, round_seconds: float, cfg: SwarmConfig) -> float | None:
+    """Round deadline (monotonic seconds) once half the live training peers announced; None before."""
+    k = max(1, math.ceil(n_live / 2))
+    if len(first_seen) < k:
+        return None
+    anchor = sorted(first_seen.values())[k - 1]
+    return anchor + max(cfg.min_deadline_s, (cfg.deadline_slack - 1.0) * round_seconds)
+
+
+@dataclass
+class _Verified:
+    digest: str
+    update: Any
+    tokens: int
+
+
+class RoundExchange(threading.Thread):
+    """Runs round r's exchange in the background; ``result()`` blocks for the outcome."""
+
+    def __init__(self, *, transport: Transport, membership: Membership, cfg: SwarmConfig, run_id: str,
+                 round_: int, blob: bytes, tokens: int, round_seconds: float, shapes: dict[str, tuple[int, ...]],
+                 rejections: Rejections, stop: threading.Event, eligible: list[str] | None = None,
+                 leaving: threading.Event | None = None) -> None:
+        super().__init__(name=f"exchange-{round_}", daemon=True)
+        self.transport, self.members, self.cfg, self.run_id = transport, membership, cfg, run_id
+        self.round, self.blob, self.tokens, self.round_seconds = round_, blob, tokens, round_seconds
+        self.shapes, self.rejections, self.stop_event = shapes, rejections, stop
+        self.me = transport.peer_id
+        # who may lead: the previous round's agreed senders (timely and alive), else the live trainers
+        self.eligible = set(eligible or ())
+        self.leaving = leaving or threading.Event()  # set when this peer announced its departure
+        self.digest = hashlib.sha256(blob).hexdigest()
+        self.verified: dict[str, _Verified] = {}
+        self.first_seen: dict[str, float] = {}
+        self.announced: dict[str, UpdateAnnouncement] = {}
+        self._fetching: dict[str, Any] = {}
+        self._rejected: set[tuple[str, str]] = set()
+        self._outcome: Outcome | None = None
+        self._done = threading.Event()
+
+    # --- public -----------------------------------------------------------------------------------
+
+    def result(self, timeout: float) -> Outcome | None:
+        self._done.wait(timeout)
+        return self._outcome
+
+    # --- the round, top to bottom -----------------------------------------------------------------
+
+    def run(self) -> None:
+        t0 = time.monotonic()
+        try:
+            self._announce()
+            deadline = self._collect()
+            self._propose()
+            chosen = self._decide(deadline)
+            self._outcome = self._assemble(chosen, t0)
+        except Exception:  # a bug here must not kill the peer; the round counts as undecided
+            log.exception("exchange crashed round=%d", self.round)
+            self._outcome = Outcome(self.round, [], [], [], False, None, False, time.monotonic() - t0)
+        finally:
+            self._done.set()
+
+    def _announce(self) -> None:
+        name = update_name(self.run_id, self.round, self.me)
+        self.transport.blobs.put(name, self.blob)
+        ann = UpdateAnnouncement(run_id=self.run_id, round=self.round, sender=self.me, digest=self.digest,
+                                 size=len(self.blob), tokens=self.tokens, time=self.transport.now())
+        self.members.write("updates", self.round, ann)
+        decoded = self._decode(self.me, self.blob)
+        if decoded is None:  # only a deliberately faulty peer (swarm.fault) gets here
+            log.error("own update of round=%d fails verification", self.round)
+        else:
+            self.verified[self.me] = _Verified(self.digest, decoded, self.tokens)
+        self.first_seen[self.me] = time.monotonic()
+        if self.cfg.client_mode:
+            self._push(name)
+
+    def _push(self, name: str) -> None:
+        """Client mode: nobody can fetch from us, so hand the update to a few reachable peers, which verify,
+        hold and serve it (and list it in their holdings, so it spreads from there like any other)."""
+        reachable = [p for p, m in self.members.members().items() if m.reachable and p != self.me]
+        targets = self.members.sources(random.sample(reachable, min(self.cfg.push_peers, len(reachable))))
+        accepted = self.transport.push(targets, name, self.blob, deadline=time.monotonic() + self.cfg.max_wait_s / 4)
+        log.info("update pushed round=%d to=%d accepted=%d", self.round, len(targets), accepted)
+
+    def _collect(self) -> float:
+        """Fetch announced updates until the deadline (or until every live trainer's update is in)."""
+        hard_stop = time.monotonic() + self.cfg.max_wait_s
+        while not self.stop_event.is_set() and time.monotonic() < hard_stop:
+            self._scan()
+            self._reap()
+            # live trainers: fresh records that kept up (a silent peer's record stays at its last round)
+            live = {p for p, m in self.members.members().items() if m.training and m.round >= self.round - 1}
+            live.add(self.me)
+            deadline = deadline_from(self.first_seen, len(live), self.round_seconds, self.cfg)
+            everyone = live <= set(self.verified)
+            late = deadline is not None and time.monotonic() >= deadline
+            if everyone or late or self._decided_elsewhere(live):
+                log.info("collect done round=%d verified=%d live=%d why=%s", self.round, len(self.verified),
+                         len(live), "everyone" if everyone else "deadline" if late else "decided elsewhere")
+                return deadline or time.monotonic()
+            time.sleep(_POLL_S)
+        return time.monotonic()
+
+    def _decided_elsewhere(self, live: set[str]) -> bool:
+        """An eligible peer already proposed and our proposal cannot lead (we are not eligible, e.g. just
+        joined, or that peer's id is lower): the round is past its deadline, so collecting longer gains
+        nothing. The leader itself never stops early this way: its proposal gets its full window."""
+        who = self.eligible or live
+        me_eligible = self.me in who
+        return any(p.round == self.round and p.proposer in who and p.proposer != self.me
+                   and (not me_eligible or p.proposer < self.me)
+                   for p in self.members.read("proposals", self.round, Proposal))
+
+    def _propose(self) -> None:
+        if self.leaving.is_set():  # the others stopped waiting for us: a late proposal could split them
+            return
+        included = sorted((s, v.digest) for s, v in self.verified.items())
+        self.members.write("proposals", self.round, Proposal(run_id=self.run_id, round=self.round,
+                                                             proposer=self.me, included=included))
+
+    def _decide(self, deadline: float) -> Proposal | None:
+        """The leader's proposal: lowest proposer id, waiting a grace period for lower-id announcers."""
+        window = max(self.cfg.min_deadline_s, (self.cfg.deadline_slack - 1.0) * self.round_seconds)
+        grace_end = time.monotonic() + max(self.cfg.commit_grace_s, window) + _POLL_S
+        hard_stop = time.monotonic() + self.cfg.max_wait_s
+        if not self.eligible:
+            self.eligible = {p for p, m in self.members.members().items() if m.training} | {self.me}
+        while not self.stop_event.is_set():
+            proposals = [p for p in self.members.read("proposals", self.round, Proposal)
+                         if p.round == self.round and p.proposer in self.eligible]
+            best = leader(proposals)
+            self._scan()
+            self._reap()
+            leaving = self.members.leaving()  # gracefully departed peers will not propose: no wait for them
+            lower = [s for s in self.eligible if (best is None or s < best.proposer) and s not in leaving]
+            now = time.monotonic()
+            if best is not None and (not lower or now >= grace_end):
+                return best
+            if now >= hard_stop:
+                return best
+            time.sleep(_POLL_S)
+        return None
+
+    def _assemble(self, chosen: Proposal | None, t0: float) -> Outcome:
+        if chosen is None:
+            return Outcome(self.round, [], [], [], False, None, False, time.monotonic() - t0)
+        missing = [(s, d) for s, d in chosen.included if s not in self.verified or self.verified[s].digest != d]
+        hard_stop = time.monotonic() + self.cfg.max_wait_s
+        for sender, digest in missing:
+            self.verified.pop(sender, None)
+            self._start_fetch(sender, digest, hard_stop)
+        while any(s not in self.verified for s, _ in chosen.included) and time.monotonic() < hard_stop \
+                and not self.stop_event.is_set():
+            self._reap()
+            if all(s in self.verified or s not in self._fetching for s, _ in chosen.included):
+                break
+            time.sleep(0.05)
+        got = [s for s, d in chosen.included if s in self.verified and self.verified[s].digest == d]
+        if len(got) != len(chosen.included):
+            log.warning("round=%d leader=%s included %d updates, %d obtained: weights will diverge and re-sync",
+                        self.round, chosen.proposer, len(chosen.included), len(got))
+        updates = [self.verified[s].update for s in got]
+        weights = [float(max(self.verified[s].tokens, 1)) for s in got]
+        return Outcome(self.round, updates, weights, got, self.me in got, chosen.proposer, True,
+                       time.monotonic() - t0)
+
+    # --- announcements and fetches ----------------------------------------------------------------
+
+    def _scan(self) -> None:
+        for ann in self.members.read("updates", self.round, UpdateAnnouncement):
+            if ann.round != self.round or ann.sender in self.announced:
+                continue
+            if ann.size > self.cfg.max_update_bytes:
+                self._reject(ann.sender, "oversized")
+                continue
+            self.announced[ann.sender] = ann
+            self.first_seen.setdefault(ann.sender, time.monotonic())
+            if ann.sender != self.me:
+                self._start_fetch(ann.sender, ann.digest, time.monotonic() + self.cfg.max_wait_s)
+
+    def _holders(self, sender: str) -> Callable[[], list[tuple[str, list[str]]]]:
+        def sources() -> list[tuple[str, list[str]]]:
+            holders = {sender}
+            for h in self.members.read("holdings", self.round, Holdings):
+                if sender in h.senders:
+                    holders.add(h.peer)
+            return self.members.sources(sorted(holders))
+        return sources
+
+    def _start_fetch(self, sender: str, digest: str, deadline: float) -> None:
+        if sender in self._fetching or sender in self.verified:
+            return
+        name = update_name(self.run_id, self.round, sender)
+        check = lambda data: hashlib.sha256(data).hexdigest() == digest  # noqa: E731
+        fut = self.transport.submit(self.transport.fetch_async(
+            self._holders(sender), name, max_bytes=self.cfg.max_update_bytes, deadline=deadline, verify=check))
+        self._fetching[sender] = (fut, digest)
+
+    def _reap(self) -> None:
+        """Verify finished fetches; serve what verified (gossip) and say so in the DHT."""
+        grew = False
+        for sender, (fut, digest) in list(self._fetching.items()):
+            if not fut.done():
+                continue
+            del self._fetching[sender]
+            blob = fut.result() if fut.exception() is None else None
+            if blob is None:
+                continue
+            decoded = self._decode(sender, blob)
+            if decoded is None:
+                continue
+            self.verified[sender] = _Verified(digest, decoded, int(decoded.tokens))
+            self.transport.blobs.put(update_name(self.run_id, self.round, sender), blob)
+            grew = True
+        if grew:
+            senders = sorted(s for s in self.verified if s != self.me)
+            self.members.write("holdings", self.round, Holdings(run_id=self.run_id, round=self.round,
+                                                                peer=self.me, senders=senders))
+
+    def _reject(self, sender: str, reason: str) -> None:
+        if (sender, reason) not in self._rejected:
+            self._rejected.add((sender, reason))
+            self.rejections.add(sender, reason)
+
+    def _decode(self, sender: str, blob: bytes) -> Any | None:
+        """Schema and shapes, then signature, then run and round; None (and a count) if any fails."""
+        upd, reason = check_update(blob, sender=sender, run_id=self.run_id, round_=self.round, shapes=self.shapes,
+                                   members=self.members, max_bytes=self.cfg.max_update_bytes)
+        if reason is not None:
+            self._reject(sender, reason)
+        return upd
+
+
+def check_update(blob: bytes, *, sender: str, run_id: str, round_: int, shapes: dict[str, tuple[int, ...]],
+                 members: Membership, max_bytes: int) -> tuple[Any | None, str | None]:
+    """(update, None) when ``blob`` is ``sender``'s well-formed, signed update of this run and round;
+    (None, reason) otherwise: 'malformed', 'unsigned', 'forged' or 'replayed'."""
+    try:
+        upd = decode_update(blob, max_bytes=max_bytes, expected=shapes)
+    except ProtocolError as err:
+        log.info("malformed update sender=%s round=%d error=%s", sender, round_, err)
+        return None, "malformed"
+    if not upd.signature:
+        return None, "unsigned"
+    key = members.public_key(sender)
+    if upd.sender != sender or key is None or not verify(key, signing_digest(blob), upd.signature):
+        return None, "forged"
+    if upd.run_id != run_id or upd.round != round_:
+        return None, "replayed"
+    return upd, None

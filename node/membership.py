@@ -1,0 +1,145 @@
+"""Who is in the swarm: signed, expiring membership records in the DHT, and signed record I/O.
+
+A member record binds a peer id to its RSA public key (the peer id is the hash of that key, so a
+record cannot claim someone else's id) and carries its addresses, round, speed and counters. Every
+other record (announcements, proposals, weight hashes, state manifests) is signed by its author and
+verified here against the author's member record before anyone looks at its content.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+from typing import TypeVar
+
+from gradnode.node.identity import Identity, peer_id_from_public_der, verify
+from gradnode.node.transport import Transport
+from gradnode.protocol.records import PROTOCOL_VERSION, MemberRecord, Record, RecordError, dht_key
+
+log = logging.getLogger(__name__)
+
+SOFTWARE_VERSION = "gradnode/0.1.0"
+R = TypeVar("R", bound=Record)
+_AUTHOR_FIELD = {"update": "sender", "proposal": "proposer", "weights": "peer", "state": "peer", "member": "peer_id",
+                 "holdings": "peer"}
+
+
+class Membership:
+    """Publishes this peer's record and reads everyone's, verified and fresh."""
+
+    def __init__(self, transport: Transport, identity: Identity, run_id: str, ttl: float) -> None:
+        self.transport = transport
+        self.identity = identity
+        self.run_id = run_id
+        self.ttl = ttl
+        self._keys: dict[str, bytes] = {identity.peer_id: identity.public_der}
+        self._members: dict[str, MemberRecord] = {}
+        self._read_at = 0.0
+        self._leaving: set[str] = set()
+        self._lock = threading.Lock()
+        self.bad_records: dict[str, int] = {}
+
+    def sign(self, record: R) -> R:
+        return record.signed(self.identity.sign(record.signing_bytes()))
+
+    def publish(self, *, round_: int, training: bool, step_seconds: float, inner_steps: int, tokens_per_s: float,
+                rejected: int, loss: float | None, leaving: bool = False) -> bool:
+        rec = MemberRecord(run_id=self.run_id, peer_id=self.identity.peer_id, public_key=self.identity.public_der,
+                           maddrs=self.transport.maddrs()[:16], round=round_, training=training,
+                           step_seconds=min(step_seconds, 1e5), inner_steps=inner_steps,
+                           tokens_per_s=tokens_per_s, bytes_up=self.transport.bytes_up,
+                           bytes_down=self.transport.bytes_down, rejected=rejected,
+                           loss=None if loss is None or not (0 <= loss <= 1e6) else loss,
+                           software_version=SOFTWARE_VERSION, protocol_version=PROTOCOL_VERSION,
+                           time=self.transport.now(), leaving=leaving, reachable=not self.transport.cfg.client_mode)
+        return self.transport.store(dht_key(self.run_id, "members"), self.sign(rec).to_bytes(), self.ttl)
+
+    def _note_bad(self, who: str, why: str) -> None:
+        self.bad_records[who] = self.bad_records.get(who, 0) + 1
+        log.warning("record rejected author=%s reason=%s", who, why)
+
+    def members(self, max_age: float = 0.5) -> dict[str, MemberRecord]:
+        """Live members by peer id (cached for ``max_age`` seconds); expired and leaving peers dropped."""
+        with self._lock:
+            if time.monotonic() - self._read_at < max_age:
+                return dict(self._members)
+        found: dict[str, MemberRecord] = {}
+        leaving: set[str] = set()
+        now = self.transport.now()
+        for raw in self.transport.get(dht_key(self.run_id, "members")):
+            try:
+                rec = MemberRecord.from_bytes(raw)
+            except RecordError as err:
+                self._note_bad("?", str(err))
+                continue
+            if rec.run_id != self.run_id or peer_id_from_public_der(rec.public_key) != rec.peer_id:
+                self._note_bad(rec.peer_id, "peer id does not match its public key")
+                continue
+            if not verify(rec.public_key, rec.signing_bytes(), rec.signature):
+                self._note_bad(rec.peer_id, "bad member signature")
+                continue
+            if rec.leaving:
+                leaving.add(rec.peer_id)
+                self._keys.setdefault(rec.peer_id, rec.public_key)  # its last records still verify
+            if rec.leaving or now - rec.time > self.ttl:
+                continue
+            found[rec.peer_id] = rec
+        with self._lock:
+            for pid, rec in found.items():
+                self._keys[pid] = rec.public_key
+            self._members = found
+            self._leaving = leaving
+            self._read_at = time.monotonic()
+        return dict(found)
+
+    def leaving(self) -> set[str]:
+        """Peers whose newest record announces their departure (graceful leave): nobody waits for them."""
+        self.members()
+        with self._lock:
+            return set(self._leaving)
+
+    def public_key(self, peer_id: str) -> bytes | None:
+        with self._lock:
+            key = self._keys.get(peer_id)
+        if key is None:
+            self.members(max_age=0.0)
+            with self._lock:
+                key = self._keys.get(peer_id)
+        return key
+
+    def verify_record(self, rec: Record) -> bool:
+        author = getattr(rec, _AUTHOR_FIELD[rec.kind])
+        key = self.public_key(author)
+        return rec.run_id == self.run_id and key is not None and verify(key, rec.signing_bytes(), rec.signature)
+
+    def read(self, what: str, round_: int | None, cls: type[R]) -> list[R]:
+        """Verified records of one kind under one DHT key; malformed or forged ones are counted and dropped."""
+        out = []
+        for raw in self.transport.get(dht_key(self.run_id, what, round_)):
+            try:
+                rec = cls.from_bytes(raw)
+            except RecordError as err:
+                self._note_bad("?", str(err))
+                continue
+            if not self.verify_record(rec):
+                self._note_bad(getattr(rec, _AUTHOR_FIELD[rec.kind]), f"bad {rec.kind} signature or run")
+                continue
+            out.append(rec)
+        return out
+
+    def write(self, what: str, round_: int | None, rec: Record, ttl: float | None = None) -> bool:
+        return self.transport.store(dht_key(self.run_id, what, round_), self.sign(rec).to_bytes(), ttl or self.ttl)
+
+    def round_seconds(self, own: float) -> float:
+        """Median full-round compute time among live training peers (``own`` when nobody reports one)."""
+        times = [m.step_seconds * m.inner_steps for m in self.members().values()
+                 if m.training and m.step_seconds > 0 and m.inner_steps > 0]
+        return statistics.median(times) if times else own
+
+    def sources(self, peer_ids: list[str]) -> list[tuple[str, list[str]]]:
+        """(peer id, maddrs) to fetch from; client-mode peers are left out (nobody can dial them)."""
+        members = self.members()
+        return [(p, list(members[p].maddrs) if p in members else []) for p in peer_ids
+                if p not in members or members[p].reachable]

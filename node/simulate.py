@@ -1,0 +1,346 @@
+"""`gradnode simulate`: a bootstrap and N peers as separate processes on 127.0.0.1, with a live view.
+
+Every process is started through the real CLI (`gradnode bootstrap`, `gradnode join`) in its own
+session, and stopped by its PID (its process group: the peer, its DHT process and its libp2p
+daemon) at the end, on an error, or on Ctrl+C. Peers report through files: a metrics line per
+round (the live view) and a summary JSON when they finish. A fault schedule (faults.py) kills,
+restarts, stops and starts peers late when the swarm reaches given rounds; a restarted peer runs
+the same command again and resumes from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SimSettings:
+    peers: int
+    rounds: int
+    config: Path | None
+    out_dir: Path
+    bandwidth: str | None = None
+    overrides: list[str] = field(default_factory=list)
+    peer_overrides: dict[int, list[str]] = field(default_factory=dict)
+    timeout_s: float = 1800.0
+    eval_peers: int = 1
+    eval_index: int | None = None  # evaluate on this peer only (default: peers below eval_peers)
+    faults: str | None = None  # the --faults SPEC (faults.py)
+    seed: int | None = None  # run.seed and the picks of '?' in the SPEC
+
+
+class Swarm:
+    """The processes of one simulated swarm; a context manager that always cleans up."""
+
+    def __init__(self, s: SimSettings) -> None:
+        self.s = s
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.logs: list[Any] = []
+        self.args: dict[str, list[str]] = {}  # the command of every peer, for restarts
+        self.starts: dict[str, list[int]] = {}  # swarm round at every (re)start of a process
+        self.initial: list[str] = []
+
+    def __enter__(self) -> "Swarm":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop_all()
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        logf = open(self.s.out_dir / f"{name}.log", "a")
+        self.logs.append(logf)
+        proc = subprocess.Popen([sys.executable, "-m", "gradnode.node.cli", *args], stdout=logf, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+        self.procs[name] = proc
+        log.info("started name=%s pid=%d", name, proc.pid)
+        return proc
+
+    def _common(self, name: str) -> list[str]:
+        args = ["--set", f"run.output_dir={self.s.out_dir / name}", "--set", "swarm.host_maddrs=['/ip4/127.0.0.1/tcp/0']"]
+        if self.s.config is not None:
+            args += ["--config", str(self.s.config)]
+        for o in self.s.overrides:
+            args += ["--set", o]
+        if self.s.seed is not None:
+            args += ["--set", f"run.seed={self.s.seed}"]
+        return args
+
+    def start_bootstrap(self, timeout: float = 120.0) -> list[str]:
+        maddr_file = self.s.out_dir / "bootstrap.maddrs"
+        self._spawn("bootstrap", ["bootstrap", *self._common("bootstrap"), "--maddrs-file", str(maddr_file)])
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if maddr_file.exists() and maddr_file.read_text().strip():
+                return maddr_file.read_text().split()
+            if self.procs["bootstrap"].poll() is not None:
+                break
+            time.sleep(0.2)
+        raise RuntimeError(f"bootstrap did not start; see {self.s.out_dir / 'bootstrap.log'}")
+
+    def start_peer(self, i: int, initial: list[str], min_peers: int | None = None, round_: int = 0) -> None:
+        name = f"peer-{i}"
+        (self.s.out_dir / name).mkdir(parents=True, exist_ok=True)
+        args = ["join", *self._common(name), "--peer-index", str(i), "--rounds", str(self.s.rounds),
+                "--metrics", str(self.s.out_dir / name / "metrics.jsonl"),
+                "--summary", str(self.s.out_dir / name / "summary.json"),
+                "--maddrs-file", str(self.s.out_dir / name / "maddrs"),
+                "--set", f"swarm.min_peers={min_peers or self.s.peers}"]
+        for m in initial:
+            args += ["--initial-peer", m]
+        if self.s.bandwidth:
+            args += ["--set", f"swarm.bandwidth={self.s.bandwidth}"]
+        evaluates = i == self.s.eval_index if self.s.eval_index is not None else i < self.s.eval_peers
+        if not evaluates:
+            args += ["--no-eval"]
+        for o in self.s.peer_overrides.get(i, []):
+            args += ["--set", o]
+        self.args[name] = args
+        self.starts.setdefault(name, []).append(round_)
+        self._spawn(name, args)
+
+    def restart(self, name: str, round_: int) -> None:
+        """Run a stopped or killed peer's command again; it also learns the live peers' addresses, in case
+        the bootstrap it was started with is gone."""
+        if self.running(name):
+            self.kill(name)
+            self.procs[name].wait()
+        known = set(self.args[name])
+        extra = []
+        for other in self.procs:
+            f = self.s.out_dir / other / "maddrs" if other != "bootstrap" else self.s.out_dir / "bootstrap.maddrs"
+            if other != name and self.running(other) and f.exists():
+                extra += [a for m in f.read_text().split() if m not in known for a in ("--initial-peer", m)]
+        self.starts[name].append(round_)
+        summary = self.s.out_dir / name / "summary.json"
+        summary.unlink(missing_ok=True)  # written again by the new process when it finishes
+        self._spawn(name, [*self.args[name], *extra])
+
+    def running(self, name: str) -> bool:
+        return name in self.procs and self.procs[name].poll() is None
+
+    def peers_running(self) -> int:
+        return sum(1 for n, p in self.procs.items() if n != "bootstrap" and p.poll() is None)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """SIGKILL goes to the peer's whole process group (itself, its DHT process, its p2pd); SIGTERM only
+        to the peer, which then leaves gracefully and shuts its DHT and daemon down itself."""
+        proc = self.procs[name]
+        if proc.poll() is None:
+            try:
+                if sig == signal.SIGKILL:
+                    os.killpg(proc.pid, sig)
+                else:
+                    proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+    def stop_all(self, grace: float = 10.0) -> None:
+        for name in self.procs:
+            self.kill(name, signal.SIGTERM)
+        end = time.monotonic() + grace
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for name, proc in self.procs.items():
+            self.kill(name, signal.SIGKILL)  # also reaps leftovers of a group whose leader already exited
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+        for f in self.logs:
+            f.close()
+
+
+def swarm_round(s: SimSettings) -> int:
+    """The round the swarm trains now: one past the newest round any peer applied."""
+    newest = -1
+    for i in range(s.peers):
+        rows = read_metrics(s.out_dir / f"peer-{i}" / "metrics.jsonl")
+        if rows:
+            newest = max(newest, rows[-1]["round"])
+    return newest + 1
+
+
+def _fire(swarm: Swarm, event: Any, round_: int) -> None:
+    log.info("fault %s:%s at round=%d", event.action, event.target, round_)
+    if event.action == "kill":
+        swarm.kill(event.target)
+    elif event.action == "stop":
+        swarm.kill(event.target, signal.SIGTERM)
+    elif event.action == "restart":
+        swarm.restart(event.target, round_)
+    elif event.action == "join":
+        index = int(event.target.split("-")[1])
+        live = [f for f in swarm.procs if f != "bootstrap" and swarm.running(f)]
+        initial = list(swarm.initial)
+        for other in live:
+            f = swarm.s.out_dir / other / "maddrs"
+            if f.exists():
+                initial += f.read_text().split()
+        swarm.start_peer(index, initial, min_peers=1, round_=round_)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass  # a line being written
+    return rows
+
+
+def live_table(s: SimSettings, started: float) -> Any:
+    from rich.table import Table
+
+    t = Table(title=f"gradnode simulate: {s.peers} peers, {time.monotonic() - started:.0f}s")
+    for col in ("peer", "round", "loss", "weights", "applied", "up MB", "down MB", "wait s", "rejected", "resyncs"):
+        t.add_column(col, justify="right")
+    for i in range(s.peers):
+        rows = read_metrics(s.out_dir / f"peer-{i}" / "metrics.jsonl")
+        if not rows:
+            t.add_row(str(i), "-", "-", "starting", "", "", "", "", "", "")
+            continue
+        r = rows[-1]
+        t.add_row(str(i), f"{r['round'] + 1}/{s.rounds}", f"{r['loss']:.3f}" if r["loss"] else "-",
+                  (r["hash"] or "")[:10], str(r["applied"]), f"{r['bytes_up'] / 1e6:.2f}",
+                  f"{r['bytes_down'] / 1e6:.2f}", f"{r['wait_s']:.2f}", str(r["rejected"]), str(r["resyncs"]))
+    return t
+
+
+def run(s: SimSettings, *, live: bool = True, on_swarm: Any = None) -> dict[str, Any]:
+    """Run the swarm to the end; returns the summary object (`--json`)."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from gradnode.node import faults
+
+    schedule = faults.parse(s.faults, s.peers, s.rounds, s.seed or 0)
+    for index, sets in schedule.overrides.items():
+        s.peer_overrides[index] = [*s.peer_overrides.get(index, []), *sets]
+    if s.eval_index is None and schedule.events:  # evaluate on a peer the schedule leaves alone
+        calm = [i for i in range(s.peers) if i not in schedule.disturbed() and i not in schedule.overrides]
+        s.eval_index = calm[0] if calm else None
+    s.out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    pending = list(schedule.events)
+    with Swarm(s) as swarm:
+        initial = swarm.start_bootstrap()
+        swarm.initial = initial
+        first = [i for i in range(s.peers) if i not in schedule.late]
+        for i in first:
+            swarm.start_peer(i, initial, min_peers=len(first))
+        if on_swarm is not None:
+            on_swarm(swarm)
+        end = started + s.timeout_s
+        console = Console(stderr=True)
+        with Live(live_table(s, started), console=console, refresh_per_second=2, transient=False,
+                  auto_refresh=False) as view:
+            while (swarm.peers_running() or pending) and time.monotonic() < end:
+                if pending:
+                    now = swarm_round(s)
+                    while pending and pending[0].round <= now:
+                        _fire(swarm, pending.pop(0), now)
+                    if not swarm.peers_running() and pending:
+                        log.warning("no peer left to reach round %d; dropping %d fault(s)", pending[0].round,
+                                    len(pending))
+                        pending.clear()
+                if live:
+                    view.update(live_table(s, started), refresh=True)
+                time.sleep(0.5)
+            view.update(live_table(s, started), refresh=True)
+        starts = dict(swarm.starts)
+    return collect(s, time.monotonic() - started, starts)
+
+
+def collect(s: SimSettings, seconds: float, starts: dict[str, list[int]] | None = None) -> dict[str, Any]:
+    """The summary: per peer its figures and life (joined_round, restarts, resyncs); identical final hashes
+    are judged among the peers alive at the end (those that finished every round)."""
+    peers = []
+    val_first = val_last = None
+    starts = starts or {}
+    for i in range(s.peers):
+        name = f"peer-{i}"
+        path = s.out_dir / name / "summary.json"
+        rows = read_metrics(s.out_dir / name / "metrics.jsonl")
+        life = {"restarts": max(0, len(starts.get(name, [0])) - 1),
+                "joined_round": rows[0].get("joined_round", 0) if rows else None,
+                "first_contribution": next((r["round"] for r in rows if r.get("own_included")), None)}
+        if not path.exists():
+            peers.append({"peer": name, "index": i, "error": "no summary (crashed or killed)", **life})
+            continue
+        d = json.loads(path.read_text())
+        if d.get("val_loss_first") is not None and val_first is None:
+            val_first, val_last = d["val_loss_first"], d["val_loss_last"]
+        peers.append({"peer": d["peer"], "index": i, "final_loss": d["final_loss"], "param_hash": d["param_hash"],
+                      "rounds": d["rounds"], "bytes_up": d["bytes_up"], "bytes_down": d["bytes_down"],
+                      "utilization": round(d["utilization"], 4), "rejected_updates": d["rejected_updates"],
+                      "comm_wait_s_per_round": round(d["comm_wait_s_per_round"], 4), "resyncs": d["resyncs"],
+                      "own_excluded": d["own_excluded"], "rejected_by_sender": d["rejected_by_sender"],
+                      "catchups": d.get("catchups", 0), "state_downloads": d.get("state_downloads", 0),
+                      "rejected_state_offers": d.get("rejected_state_offers", 0),
+                      "resumed_round": d.get("resumed_round"), "state_bytes_up": d.get("state_bytes_up", 0),
+                      "hashes": d["hashes"], **life})
+    rounds = max((p.get("rounds", 0) for p in peers), default=0)
+    live = [p for p in peers if "error" not in p and p["rounds"] == rounds]
+    losses = [r["loss"] for r in read_metrics(s.out_dir / f"peer-{s.eval_index or 0}" / "metrics.jsonl")
+              if r.get("loss") is not None]
+    return {"peers": peers, "rounds": rounds, "val_loss_first": val_first, "val_loss_last": val_last,
+            "train_loss_first": losses[0] if losses else None, "train_loss_last": losses[-1] if losses else None,
+            "live_peers": len(live), "identical_hashes": bool(live) and len({p["param_hash"] for p in live}) == 1,
+            "seconds": round(seconds, 1), "faults": s.faults, "seed": s.seed, "out_dir": str(s.out_dir)}
+
+
+def plot(summary: dict[str, Any], path: Path) -> None:
+    """Training loss per round of every peer (needs matplotlib: pip install 'gradnode[plot]')."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    out = Path(summary["out_dir"])
+    for p in summary["peers"]:
+        rows = read_metrics(out / f"peer-{p.get('index', 0)}" / "metrics.jsonl")
+        ax.plot([r["round"] for r in rows], [r["loss"] for r in rows], label=str(p["peer"])[:10])
+    ax.set_xlabel("round")
+    ax.set_ylabel("train loss")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"{summary['rounds']} rounds in {summary['seconds']}s; val loss "
+                    f"{summary['val_loss_first']} -> {summary['val_loss_last']}; identical weights: "
+                    f"{summary['identical_hashes']}")
+    for col in ("peer", "rounds", "final loss", "weights", "up MB", "down MB", "utilization", "rejected"):
+        t.add_column(col, justify="right")
+    for p in summary["peers"]:
+        if "error" in p:
+            t.add_row(p["peer"], "-", "-", p["error"], "", "", "", "")
+            continue
+        t.add_row(p["peer"][:12], str(p["rounds"]), f"{p['final_loss']:.3f}" if p["final_loss"] else "-",
+                  p["param_hash"][:12], f"{p['bytes_up'] / 1e6:.2f}", f"{p['bytes_down'] / 1e6:.2f}",
+                  f"{p['utilization']:.1%}", str(p["rejected_updates"]))
+    Console().print(t)

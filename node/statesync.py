@@ -1,0 +1,161 @@
+"""Shared state over the swarm: serve this peer's weights in chunks, download a verified copy.
+
+A peer that has applied round r offers its shared state (theta_g, outer optimizer state, round) as
+chunks served by the transport, described by a signed manifest in the DHT (round, weight hash, size,
+chunk digests). A joiner (or a peer that fell out of step) picks the newest round and the weight hash
+the swarm reported for it (the majority of the per-round weight-hash records; offers with another
+hash are ignored), fetches the chunks in parallel from every peer offering that hash (each chunk
+verified by its digest, so a tampered chunk is dropped and fetched elsewhere; each donor uploads at
+most ``swarm.state_upload_slots`` chunks at once, so a burst of joiners spreads over the donors),
+loads them with torch's safe loader and checks the resulting weight hash before training on it. An
+offer whose weights do not hash to what it advertised is discarded with its donors, and another
+donor is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import time
+from collections import Counter
+from typing import Any, Callable
+
+import torch
+
+from gradnode.node.config import SwarmConfig
+from gradnode.node.membership import Membership
+from gradnode.node.transport import Transport
+from gradnode.protocol.records import StateManifest, WeightHash, majority_hash, state_chunk_name
+
+log = logging.getLogger(__name__)
+
+
+def serialize(state: dict[str, Any]) -> bytes:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getvalue()
+
+
+def deserialize(data: bytes) -> dict[str, Any]:
+    """torch's weights-only loader: tensors and plain containers, never arbitrary objects."""
+    try:
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as err:  # any loader failure means bad peer data
+        raise ValueError(f"undecodable state: {err}") from None
+    if not isinstance(state, dict):
+        raise ValueError("state must be a mapping")
+    return state
+
+
+def offer(state: dict[str, Any], param_hash: str, round_: int, *, transport: Transport, membership: Membership,
+          cfg: SwarmConfig, run_id: str) -> StateManifest:
+    """Serve ``state`` in chunks and publish its manifest; older offers stop being served."""
+    data = serialize(state)
+    size = cfg.state_chunk_bytes
+    chunks = [data[i:i + size] for i in range(0, len(data), size)]
+    digests = [hashlib.sha256(c).hexdigest() for c in chunks]
+    for digest, chunk in zip(digests, chunks):
+        transport.blobs.put(state_chunk_name(run_id, round_, digest), chunk)
+    keep_prefixes = (f"s/{run_id}/{round_}/", f"s/{run_id}/{round_ - 1}/")
+    transport.blobs.drop(lambda name: not name.startswith("s/") or name.startswith(keep_prefixes))
+    manifest = StateManifest(run_id=run_id, round=round_, peer=membership.identity.peer_id, param_hash=param_hash,
+                             size=len(data), chunks=digests, time=transport.now())
+    membership.write("state", None, manifest)
+    return manifest
+
+
+def expected_hash(membership: Membership, round_: int) -> str | None:
+    """The weight hash a state offered for ``round_`` must have: the majority report after round ``round_ - 1``
+    (None when nobody reported one, e.g. before the first round or with swarm.hash_check off)."""
+    if round_ < 1:
+        return None
+    reports = [r for r in membership.read("weights", round_ - 1, WeightHash) if r.round == round_ - 1]
+    found = majority_hash(reports)
+    return None if found is None else found[0]
+
+
+def newest_offers(membership: Membership, cfg: SwarmConfig, me: str, min_round: int = 0,
+                  exclude: set[str] | frozenset[str] = frozenset()) -> list[StateManifest]:
+    """The offers of the newest round (>= ``min_round``) that carry the weight hash the swarm agrees on:
+    the majority report of the previous round, or, without reports, the hash most offerers give."""
+    manifests = [m for m in membership.read("state", None, StateManifest)
+                 if m.peer != me and m.peer not in exclude and m.size <= cfg.max_state_bytes and m.round >= min_round]
+    for round_ in sorted({m.round for m in manifests}, reverse=True):
+        offers = [m for m in manifests if m.round == round_]
+        want = expected_hash(membership, round_)
+        if want is None:
+            votes = Counter(m.param_hash for m in offers)
+            want = max(votes.items(), key=lambda kv: (kv[1], kv[0]))[0]
+        good = [m for m in offers if m.param_hash == want]
+        if good:
+            return good
+        log.info("state offers of round=%d all disagree with the swarm's hash %s", round_, want[:12])
+    return []
+
+
+def fetch(*, transport: Transport, membership: Membership, cfg: SwarmConfig, run_id: str, min_round: int = 0,
+          deadline_s: float = 120.0, accept: Callable[[dict[str, Any], StateManifest], bool] = lambda s, m: True,
+          stats: Counter | None = None) -> tuple[dict[str, Any], StateManifest] | None:
+    """Download the swarm's newest agreed state; None when nobody offers one in time.
+
+    Offers of the chosen round that list the same chunks form a group; the largest group is fetched
+    first (ties: the lowest peer id), each chunk from any member of the group. A group whose state
+    does not load, or that ``accept`` refuses (its weights do not hash to the advertised hash: a
+    tampered offer), is discarded with all its donors, and the next group or round is tried.
+    ``stats`` counts 'downloads', 'rejected_offers' and 'incomplete'.
+    """
+    stats = stats if stats is not None else Counter()
+    deadline = time.monotonic() + deadline_s
+    bad: set[str] = set()
+    while time.monotonic() < deadline:
+        offers = newest_offers(membership, cfg, transport.peer_id, min_round, bad)
+        if not offers:
+            time.sleep(0.5)
+            continue
+        groups: dict[tuple[str, ...], list[StateManifest]] = {}
+        for m in offers:
+            groups.setdefault(tuple(m.chunks), []).append(m)
+        ordered = sorted(groups.values(), key=lambda g: (-len(g), min(m.peer for m in g)))
+        for group in ordered:
+            got = _download(group, transport=transport, membership=membership, cfg=cfg, run_id=run_id,
+                            deadline=min(deadline, time.monotonic() + max(10.0, deadline_s / 2)))
+            ref = group[0]
+            if got is None:
+                stats["incomplete"] += 1
+                continue
+            try:
+                state = deserialize(got)
+                ok = accept(state, ref)
+            except ValueError as err:
+                log.warning("state of round=%d from %s undecodable: %s", ref.round, ref.peer[:12], err)
+                ok = False
+            if ok:
+                stats["downloads"] += 1
+                log.info("state downloaded round=%d bytes=%d from=%d peers", ref.round, len(got), len(group))
+                return state, ref
+            stats["rejected_offers"] += 1
+            bad.update(m.peer for m in group)
+            log.warning("state offer rejected round=%d hash=%s donors=%s: weights do not match the advertised "
+                        "hash; trying another donor", ref.round, ref.param_hash[:12],
+                        ",".join(m.peer[:12] for m in group))
+    return None
+
+
+def _download(group: list[StateManifest], *, transport: Transport, membership: Membership, cfg: SwarmConfig,
+              run_id: str, deadline: float) -> bytes | None:
+    """All chunks of one offer, each from any donor of the group (random order per chunk, so joiners spread
+    over donors; a donor at its upload slots answers 'busy' and the chunk goes to the next one)."""
+    ref = group[0]
+    holders = membership.sources(sorted({m.peer for m in group}))
+    if not holders:
+        return None
+    jobs = [(holders[i % len(holders):] + holders[:i % len(holders)], state_chunk_name(run_id, ref.round, d))
+            for i, d in enumerate(ref.chunks)]
+    want = {state_chunk_name(run_id, ref.round, d): d for d in ref.chunks}
+    got = transport.fetch_many(jobs, max_bytes=cfg.state_chunk_bytes, deadline=deadline,
+                               verify=lambda name, data: hashlib.sha256(data).hexdigest() == want[name])
+    if len(got) != len(want):
+        log.warning("state fetch incomplete round=%d chunks=%d/%d", ref.round, len(got), len(want))
+        return None
+    return b"".join(got[state_chunk_name(run_id, ref.round, d)] for d in ref.chunks)

@@ -1,0 +1,412 @@
+"""The peer-to-peer transport: the only module that imports hivemind.
+
+One hivemind DHT (its own process, with the libp2p daemon) carries small signed records; byte
+payloads (compressed updates, state chunks) travel over libp2p streams registered on the DHT's own
+daemon (``DHT.replicate_p2p()``), served from an in-memory blob store. Any peer that holds a blob
+serves it, so a fetched update spreads like gossip. A token bucket caps the link when asked.
+
+Threads: a private asyncio loop thread runs stream handlers and fetches; the public methods are
+synchronous, safe to call from any thread, and bounded by timeouts. Network failures come back as
+``None``/``False`` and a log line, never as an exception to the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import random
+import struct
+import threading
+import time
+from collections import OrderedDict
+from typing import Callable, Iterable
+
+import hivemind
+import msgpack
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.p2p import P2P, PeerID
+from hivemind.utils import get_dht_time
+from hivemind.utils.crypto import RSAPrivateKey
+from hivemind.utils.multiaddr import Multiaddr
+
+from gradnode.node.config import SwarmConfig
+from gradnode.node.identity import Identity
+
+log = logging.getLogger(__name__)
+
+_GET = "gradnode.get/1"
+_PUSH = "gradnode.push/1"  # a client-mode peer hands its update to a reachable peer, which then serves it
+_CHUNK = 64 * 1024
+_HEADER = struct.Struct(">BQ")  # status, length
+_MAX_REQUEST = 1024
+_MAX_DHT_VALUE = 32 * 1024
+Sources = list[tuple[str, list[str]]] | Callable[[], list[tuple[str, list[str]]]]
+
+
+class TokenBucket:
+    """Bytes-per-second limiter shared by all streams of one direction; burst is one second's worth."""
+
+    def __init__(self, rate: float | None) -> None:
+        self.rate = rate
+        self._tokens = rate or 0.0
+        self._stamp = time.monotonic()
+
+    async def consume(self, n: int) -> None:
+        if not self.rate:
+            return
+        now = time.monotonic()
+        self._tokens = min(self.rate, self._tokens + (now - self._stamp) * self.rate)
+        self._stamp = now
+        self._tokens -= n
+        if self._tokens < 0:
+            await asyncio.sleep(-self._tokens / self.rate)
+
+
+class BlobStore:
+    """Named byte blobs this peer serves; bounded by total bytes, oldest evicted first."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._blobs: OrderedDict[str, bytes] = OrderedDict()
+        self._size = 0
+        self._lock = threading.Lock()
+
+    def put(self, name: str, data: bytes) -> None:
+        with self._lock:
+            if name in self._blobs:
+                self._size -= len(self._blobs.pop(name))
+            self._blobs[name] = data
+            self._size += len(data)
+            while self._size > self.max_bytes and len(self._blobs) > 1:
+                _, old = self._blobs.popitem(last=False)
+                self._size -= len(old)
+
+    def get(self, name: str) -> bytes | None:
+        with self._lock:
+            return self._blobs.get(name)
+
+    def drop(self, keep: Callable[[str], bool]) -> None:
+        with self._lock:
+            for name in [n for n in self._blobs if not keep(n)]:
+                self._size -= len(self._blobs.pop(name))
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return list(self._blobs)
+
+
+class Transport:
+    """DHT records + stream-served blobs for one peer."""
+
+    def __init__(self, cfg: SwarmConfig, identity: Identity, *, blob_budget: int = 1 << 30,
+                 upload_slots: int = 2) -> None:
+        self.cfg = cfg
+        self.identity = identity
+        self.blobs = BlobStore(blob_budget)
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self.upload_slots = upload_slots  # concurrent uploads per blob; more get 'busy' and go elsewhere
+        self._serving: dict[str, int] = {}
+        self._state_uploads = 0  # state chunks being uploaded now (bounded by cfg.state_upload_slots)
+        self.state_bytes_up = 0  # of bytes_up, state chunks served to joiners
+        self.busy_refusals = 0  # requests answered 'busy' (all upload slots of a blob or for state in use)
+        # accepts or refuses a pushed blob (name, bytes) -> bool; set by the peer, None refuses every push
+        self.on_push: Callable[[str, bytes], bool] | None = None
+        rate = cfg.bandwidth_bytes_per_s()
+        self._up = TokenBucket(rate)
+        self._down = TokenBucket(rate)
+        self._dht: hivemind.DHT | None = None
+        self._p2p: P2P | None = None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="gradnode-transport", daemon=True)
+        self._dht_lock = threading.Lock()
+        self._closed = False
+
+    # --- lifecycle -------------------------------------------------------------------------------------
+
+    def start(self, timeout: float = 60.0) -> None:
+        key = RSAPrivateKey.__new__(RSAPrivateKey)
+        key._private_key = self.identity.private_key  # same key as the daemon: owner-protected subkeys
+        self._validator = RSASignatureValidator(key)
+        # client mode (behind NAT): listen nowhere; streams only go out, updates are pushed to reachable peers
+        hosts = [] if self.cfg.client_mode else list(self.cfg.host_maddrs)
+        self._dht = hivemind.DHT(
+            initial_peers=list(self.cfg.initial_peers) or None, start=True,
+            host_maddrs=hosts, announce_maddrs=list(self.cfg.announce_maddrs) or None,
+            client_mode=self.cfg.client_mode, identity_path=str(self.identity.path),
+            record_validators=[self._validator], startup_timeout=timeout, await_ready=True)
+        self._thread.start()
+        self._p2p = self._run(self._dht.replicate_p2p(), timeout)
+        if not self.cfg.client_mode:
+            self._run(self._p2p.add_binary_stream_handler(_GET, self._serve), timeout)
+            self._run(self._p2p.add_binary_stream_handler(_PUSH, self._receive_push), timeout)
+        assert self.peer_id == self.identity.peer_id, "daemon and identity disagree on the peer id"
+        log.info("transport up peer=%s maddrs=%s", self.peer_id, ",".join(self.maddrs()))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._dht is not None:
+            try:
+                self._dht.shutdown()
+            except Exception as err:  # a dead DHT process is fine at shutdown
+                log.debug("dht shutdown error=%r", err)
+        if self._thread.is_alive():
+            async def cancel_all() -> None:
+                tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            try:
+                self._run(cancel_all(), 5)
+            except Exception as err:
+                log.debug("transport loop cleanup error=%r", err)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+
+    @property
+    def peer_id(self) -> str:
+        assert self._dht is not None
+        return self._dht.peer_id.to_base58()
+
+    def maddrs(self) -> list[str]:
+        """Addresses others can dial; none for a client-mode peer."""
+        assert self._dht is not None
+        if self.cfg.client_mode:
+            return []
+        return [str(m) for m in self._dht.get_visible_maddrs()]
+
+    def _run(self, coro, timeout: float):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    # --- DHT records -----------------------------------------------------------------------------------
+
+    def now(self) -> float:
+        return get_dht_time()
+
+    def store(self, key: str, value: bytes, ttl: float, timeout: float = 10.0) -> bool:
+        """Store ``value`` under ``key`` in this peer's owner-protected subkey; False on failure."""
+        assert self._dht is not None
+        assert len(value) <= _MAX_DHT_VALUE, f"DHT values must stay small, got {len(value)} bytes"
+        try:
+            with self._dht_lock:
+                fut = self._dht.store(key, value, self.now() + ttl, subkey=self._validator.local_public_key,
+                                      return_future=True)
+            return bool(fut.result(timeout))
+        except Exception as err:
+            log.warning("dht store failed key=%s error=%r", key, err)
+            return False
+
+    def get(self, key: str, timeout: float = 10.0) -> list[bytes]:
+        """All live values stored under ``key`` (one per owner); [] when none or on failure."""
+        assert self._dht is not None
+        try:
+            with self._dht_lock:
+                fut = self._dht.get(key, latest=True, return_future=True)
+            found = fut.result(timeout)
+        except Exception as err:
+            log.warning("dht get failed key=%s error=%r", key, err)
+            return []
+        if found is None or not isinstance(found.value, dict):
+            return []
+        return [v.value for v in found.value.values() if isinstance(v.value, bytes)]
+
+    # --- blobs over streams ----------------------------------------------------------------------------
+
+    async def _serve(self, info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            (n,) = struct.unpack(">I", await asyncio.wait_for(reader.readexactly(4), 30))
+            if n > _MAX_REQUEST:
+                return
+            name = msgpack.unpackb(await asyncio.wait_for(reader.readexactly(n), 30))
+            data = self.blobs.get(name) if isinstance(name, str) else None
+            is_state = data is not None and name.startswith("s/")
+            busy = data is not None and (self._serving.get(name, 0) >= self.upload_slots or
+                                         (is_state and self._state_uploads >= self.cfg.state_upload_slots))
+            self.busy_refusals += busy
+            if data is None or busy:
+                writer.write(_HEADER.pack(0 if data is None else 2, 0))
+                await writer.drain()
+                return
+            self._serving[name] = self._serving.get(name, 0) + 1
+            self._state_uploads += is_state
+            try:
+                writer.write(_HEADER.pack(1, len(data)))
+                for i in range(0, len(data), _CHUNK):
+                    piece = data[i:i + _CHUNK]
+                    await self._up.consume(len(piece))
+                    writer.write(piece)
+                    await writer.drain()
+                    self.bytes_up += len(piece)
+                    self.state_bytes_up += len(piece) if is_state else 0
+            finally:
+                self._serving[name] -= 1
+                self._state_uploads -= is_state
+        except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, ValueError) as err:
+            log.debug("serve aborted peer=%s error=%r", info.peer_id, err)
+        finally:
+            writer.close()
+
+    async def _fetch(self, peer: str, name: str, max_bytes: int, addrs: Iterable[str]) -> bytes | None:
+        assert self._p2p is not None
+        pid = PeerID.from_base58(peer)
+        try:
+            _, reader, writer = await self._p2p.call_binary_stream_handler(pid, _GET)
+        except Exception:
+            maddrs = [Multiaddr(a) for a in addrs]
+            if not maddrs:
+                raise
+            await self._p2p._client.connect(pid, maddrs)
+            _, reader, writer = await self._p2p.call_binary_stream_handler(pid, _GET)
+        try:
+            req = msgpack.packb(name)
+            writer.write(struct.pack(">I", len(req)) + req)
+            await writer.drain()
+            status, length = _HEADER.unpack(await reader.readexactly(_HEADER.size))
+            if status != 1:
+                return None
+            if length > max_bytes:
+                raise ValueError(f"blob {name} of {length} bytes exceeds the cap {max_bytes}")
+            parts = []
+            left = length
+            while left:
+                piece = await reader.readexactly(min(_CHUNK, left))
+                await self._down.consume(len(piece))
+                self.bytes_down += len(piece)
+                parts.append(piece)
+                left -= len(piece)
+            return b"".join(parts)
+        finally:
+            writer.close()
+
+    def fetch(self, sources: Sources, name: str, *, max_bytes: int, deadline: float,
+              verify: Callable[[bytes], bool] = lambda _: True) -> bytes | None:
+        """Fetch blob ``name`` from any of ``sources`` [(peer id, maddrs)], trying them in a random order
+        (spreads the load among holders) and retrying until ``deadline`` (time.monotonic()).
+        Returns the first copy that ``verify`` accepts, or None."""
+        return self._run(self.fetch_async(sources, name, max_bytes=max_bytes, deadline=deadline, verify=verify),
+                         max(1.0, deadline - time.monotonic() + 5))
+
+    async def fetch_async(self, sources: Sources, name: str, *, max_bytes: int,
+                          deadline: float, verify: Callable[[bytes], bool] = lambda _: True) -> bytes | None:
+        """Try holders in a random order (a callable ``sources`` is re-read every pass: new holders join
+        the pool as the blob spreads); back off between passes; give up at ``deadline``."""
+        me = self.peer_id
+        passes = 0
+        while time.monotonic() < deadline:
+            local = self.blobs.get(name)  # pushed to us, or fetched by another task meanwhile
+            if local is not None and len(local) <= max_bytes and verify(local):
+                return local
+            listed = sources() if callable(sources) else sources
+            order = [s for s in listed if s[0] != me]
+            random.shuffle(order)
+            for peer, addrs in order:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                try:
+                    data = await asyncio.wait_for(self._fetch(peer, name, max_bytes, addrs), left)
+                    if data is not None and verify(data):
+                        return data
+                    if data is not None:
+                        log.warning("fetched blob rejected name=%s from=%s", name, peer)
+                except Exception as err:  # lost connections and timeouts are normal events
+                    log.debug("fetch failed name=%s from=%s error=%r", name, peer, err)
+            passes += 1
+            await asyncio.sleep(min(0.05 * passes, 0.5, max(0.0, deadline - time.monotonic())))
+        return None
+
+    async def _receive_push(self, info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A client-mode peer hands us a blob: read it (bounded), let ``on_push`` verify it, answer 1/0."""
+        ok = False
+        try:
+            (n,) = struct.unpack(">I", await asyncio.wait_for(reader.readexactly(4), 30))
+            if n > _MAX_REQUEST:
+                return
+            name = msgpack.unpackb(await asyncio.wait_for(reader.readexactly(n), 30))
+            (length,) = struct.unpack(">Q", await asyncio.wait_for(reader.readexactly(8), 30))
+            if not isinstance(name, str) or length > self.cfg.max_update_bytes or self.on_push is None:
+                return
+            parts, left = [], length
+            while left:
+                piece = await asyncio.wait_for(reader.readexactly(min(_CHUNK, left)), 30)
+                await self._down.consume(len(piece))
+                self.bytes_down += len(piece)
+                parts.append(piece)
+                left -= len(piece)
+            data = b"".join(parts)
+            # verification decodes and checks a signature: off the event loop
+            ok = await asyncio.get_running_loop().run_in_executor(None, self.on_push, name, data)
+        except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, ValueError) as err:
+            log.debug("push aborted peer=%s error=%r", info.peer_id, err)
+        finally:
+            try:
+                writer.write(bytes([1 if ok else 0]))
+                await writer.drain()
+            except (ConnectionError, RuntimeError):
+                pass
+            writer.close()
+
+    async def push_async(self, peer: str, addrs: Iterable[str], name: str, data: bytes) -> bool:
+        """Hand blob ``name`` to ``peer`` (which verifies, holds and serves it); True when it accepted."""
+        assert self._p2p is not None
+        pid = PeerID.from_base58(peer)
+        try:
+            _, reader, writer = await self._p2p.call_binary_stream_handler(pid, _PUSH)
+        except Exception:
+            maddrs = [Multiaddr(a) for a in addrs]
+            if not maddrs:
+                raise
+            await self._p2p._client.connect(pid, maddrs)
+            _, reader, writer = await self._p2p.call_binary_stream_handler(pid, _PUSH)
+        try:
+            req = msgpack.packb(name)
+            writer.write(struct.pack(">I", len(req)) + req + struct.pack(">Q", len(data)))
+            for i in range(0, len(data), _CHUNK):
+                piece = data[i:i + _CHUNK]
+                await self._up.consume(len(piece))
+                writer.write(piece)
+                await writer.drain()
+                self.bytes_up += len(piece)
+            return (await asyncio.wait_for(reader.readexactly(1), 60)) == b"\x01"
+        finally:
+            writer.close()
+
+    def push(self, targets: list[tuple[str, list[str]]], name: str, data: bytes, *, deadline: float) -> int:
+        """Push a blob to every target concurrently (bounded by ``deadline``); returns how many accepted."""
+        async def one(peer: str, addrs: list[str]) -> bool:
+            try:
+                return await asyncio.wait_for(self.push_async(peer, addrs, name, data),
+                                              max(0.1, deadline - time.monotonic()))
+            except Exception as err:  # unreachable or refusing peers are normal events
+                log.debug("push failed name=%s to=%s error=%r", name, peer, err)
+                return False
+
+        async def all_() -> list[bool]:
+            return await asyncio.gather(*(one(p, a) for p, a in targets))
+
+        if not targets:
+            return 0
+        return sum(self._run(all_(), max(1.0, deadline - time.monotonic() + 5)))
+
+    def submit(self, coro) -> "concurrent.futures.Future":
+        """Run a coroutine on the transport loop without waiting (fetches in the background)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def fetch_many(self, jobs: list[tuple[list[tuple[str, list[str]]], str]], *, max_bytes: int, deadline: float,
+                   verify: Callable[[str, bytes], bool]) -> dict[str, bytes]:
+        """Fetch several blobs concurrently; returns {name: bytes} for those that arrived and verified."""
+        async def one(sources, name):
+            data = await self.fetch_async(sources, name, max_bytes=max_bytes, deadline=deadline,
+                                          verify=lambda d: verify(name, d))
+            return name, data
+
+        async def all_():
+            return await asyncio.gather(*(one(s, n) for s, n in jobs))
+
+        if not jobs:
+            return {}
+        results = self._run(all_(), max(1.0, deadline - time.monotonic() + 5))
+        return {n: d for n, d in results if d is not None}

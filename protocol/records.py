@@ -1,0 +1,204 @@
+"""Strict records that travel through the DHT: membership, update announcements, round proposals,
+weight hashes and state manifests.
+
+Every record is a frozen pydantic model with bounded fields, serialised as msgpack (a few hundred
+bytes; DHT values stay far below 32 KiB). ``signing_bytes()`` is the canonical byte string a peer
+signs (every field but the signature, keys sorted); checking the signature is the runtime's job (this
+package stays free of keys and clocks). ``from_bytes`` raises ``RecordError`` for anything malformed.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal, TypeVar
+
+import msgpack
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from gradnode.protocol.errors import ProtocolError
+
+PROTOCOL_VERSION = 1
+MAX_RECORD_BYTES = 16 * 1024
+MAX_PEERS_PER_ROUND = 256
+MAX_STATE_CHUNKS = 4096
+
+PeerId = Annotated[str, StringConstraints(min_length=20, max_length=64, pattern=r"^[1-9A-HJ-NP-Za-km-z]+$")]
+RunId = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+Digest = Annotated[str, StringConstraints(min_length=64, max_length=64, pattern=r"^[0-9a-f]+$")]
+Maddr = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+Signature = Annotated[bytes, Field(min_length=1, max_length=512)]
+Round = Annotated[int, Field(ge=0, le=2**40)]
+
+
+class RecordError(ProtocolError):
+    """A record read from the network is malformed, oversized or of the wrong kind."""
+
+
+R = TypeVar("R", bound="Record")
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    kind: ClassVar[str] = "record"
+
+    run_id: RunId
+    signature: Signature = b"\0"
+
+    def signing_bytes(self) -> bytes:
+        body = self.model_dump(exclude={"signature"})
+        return msgpack.packb([self.kind, body], use_bin_type=True)
+
+    def to_bytes(self) -> bytes:
+        data = msgpack.packb([self.kind, self.model_dump()], use_bin_type=True)
+        assert len(data) <= MAX_RECORD_BYTES, f"{self.kind} record of {len(data)} bytes is too large"
+        return data
+
+    def signed(self: R, signature: bytes) -> R:
+        return self.model_copy(update={"signature": signature})
+
+    @classmethod
+    def from_bytes(cls: type[R], data: bytes) -> R:
+        if not isinstance(data, bytes) or len(data) > MAX_RECORD_BYTES:
+            raise RecordError(f"{cls.kind} record missing or larger than {MAX_RECORD_BYTES} bytes")
+        try:
+            kind, body = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
+        except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as err:
+            raise RecordError(f"undecodable {cls.kind} record: {err}") from None
+        if kind != cls.kind or not isinstance(body, dict):
+            raise RecordError(f"expected a {cls.kind} record, got {str(kind)[:32]!r}")
+        try:
+            return cls.model_validate(_tuples(cls, body))
+        except ValidationError as err:
+            raise RecordError(f"invalid {cls.kind} record: {err.errors()[0]['loc']} {err.errors()[0]['msg']}") \
+                from None
+
+
+def _tuples(cls: type[Record], body: dict) -> dict:
+    """msgpack gives lists; strict pydantic wants tuples where the model says tuple."""
+    out = dict(body)
+    for name in getattr(cls, "_tuple_lists", ()):
+        if isinstance(out.get(name), list):
+            out[name] = [tuple(x) if isinstance(x, list) else x for x in out[name]]
+    return out
+
+
+class MemberRecord(Record):
+    """A peer's signed, expiring presence: who it is, where to reach it, how fast it trains."""
+
+    kind: ClassVar[str] = "member"
+    peer_id: PeerId
+    public_key: bytes = Field(min_length=64, max_length=1024, description="RSA public key, DER (SPKI).")
+    maddrs: list[Maddr] = Field(max_length=16)
+    round: Round
+    training: bool
+    step_seconds: float = Field(ge=0.0, le=1e5, description="Observed seconds per inner step (0: unknown).")
+    inner_steps: int = Field(ge=0, le=10**6, description="Inner steps this peer runs per full round.")
+    tokens_per_s: float = Field(ge=0.0, le=1e12)
+    bytes_up: int = Field(ge=0, le=2**62)
+    bytes_down: int = Field(ge=0, le=2**62)
+    rejected: int = Field(ge=0, le=2**40)
+    loss: float | None = Field(default=None, ge=0.0, le=1e6)
+    software_version: str = Field(max_length=32)
+    protocol_version: int = Field(ge=0, le=2**16)
+    time: float = Field(ge=0.0, le=1e11)
+    leaving: bool = False
+    reachable: bool = Field(True, description="Accepts inbound streams; False for a client-mode peer (behind "
+                                              "NAT), whose updates others fetch from the peers it pushed them to.")
+
+
+class UpdateAnnouncement(Record):
+    """'My compressed update for round r has this digest and size and stands for these tokens.'"""
+
+    kind: ClassVar[str] = "update"
+    round: Round
+    sender: PeerId
+    digest: Digest
+    size: int = Field(ge=1, le=2**34)
+    tokens: int = Field(ge=0, le=2**50)
+    time: float = Field(ge=0.0, le=1e11)
+
+
+class Proposal(Record):
+    """A peer's view of round r at its deadline: the (sender, digest) pairs it fetched and verified.
+    Every peer adopts the proposal of the round's leader (lowest proposer id that proposed)."""
+
+    kind: ClassVar[str] = "proposal"
+    _tuple_lists: ClassVar[tuple[str, ...]] = ("included",)
+    round: Round
+    proposer: PeerId
+    included: list[tuple[PeerId, Digest]] = Field(max_length=MAX_PEERS_PER_ROUND)
+
+
+class WeightHash(Record):
+    """The hash of a peer's shared weights after applying round r, and what it applied to get there:
+    the (sender, digest) pairs of the round and their total size. A peer that missed round r replays
+    exactly those updates (fetched from the peers reporting the majority hash, who hold them) and
+    checks that it lands on ``param_hash``."""
+
+    kind: ClassVar[str] = "weights"
+    _tuple_lists: ClassVar[tuple[str, ...]] = ("included",)
+    round: Round
+    peer: PeerId
+    param_hash: str = Field(min_length=8, max_length=128, pattern=r"^[0-9a-f]+$")
+    included: list[tuple[PeerId, Digest]] = Field(default_factory=list, max_length=MAX_PEERS_PER_ROUND)
+    update_bytes: int = Field(0, ge=0, le=2**50, description="Total size of the included update blobs.")
+
+
+class Holdings(Record):
+    """The updates of round r that a peer holds and serves (gossip: fetchers spread over holders)."""
+
+    kind: ClassVar[str] = "holdings"
+    round: Round
+    peer: PeerId
+    senders: list[PeerId] = Field(max_length=MAX_PEERS_PER_ROUND)
+
+
+class StateManifest(Record):
+    """A peer offers its shared state after round ``round``: chunk digests, total size and weight hash."""
+
+    kind: ClassVar[str] = "state"
+    round: Round
+    peer: PeerId
+    param_hash: str = Field(min_length=8, max_length=128, pattern=r"^[0-9a-f]+$")
+    size: int = Field(ge=1, le=2**40)
+    chunks: list[Digest] = Field(min_length=1, max_length=MAX_STATE_CHUNKS)
+    time: float = Field(ge=0.0, le=1e11)
+
+
+def update_name(run_id: str, round_: int, sender: str) -> str:
+    """Blob name under which an update is served."""
+    return f"u/{run_id}/{round_}/{sender}"
+
+
+def state_chunk_name(run_id: str, round_: int, digest: str) -> str:
+    return f"s/{run_id}/{round_}/{digest}"
+
+
+def dht_key(run_id: str, what: Literal["members", "updates", "proposals", "weights", "state", "holdings"],
+            round_: int | None = None) -> str:
+    return f"gradnode/{run_id}/{what}" + ("" if round_ is None else f"/{round_}")
+
+
+def leader(proposals: list[Proposal]) -> Proposal | None:
+    """The round's decision: the proposal of the lowest proposer id (deterministic, crash-tolerant)."""
+    return min(proposals, key=lambda p: p.proposer, default=None)
+
+
+def majority_hash(hashes: list[WeightHash]) -> tuple[str, int] | None:
+    """The weight hash the swarm agrees on (one vote per peer), with its count.
+
+    A strict majority wins. Without one (e.g. two peers split 1-1 after a partition), the largest
+    groups are tied and the group holding the lowest peer id wins, the same order the round leader is
+    chosen by, so that every peer resolves the split the same way instead of staying diverged.
+    """
+    votes: dict[str, str] = {}
+    for h in hashes:
+        votes[h.peer] = h.param_hash
+    counts: dict[str, int] = {}
+    for value in votes.values():
+        counts[value] = counts.get(value, 0) + 1
+    if not counts:
+        return None
+    top = max(counts.values())
+    lowest_voter = {value: min(p for p, v in votes.items() if v == value) for value, n in counts.items() if n == top}
+    best = min(lowest_voter, key=lowest_voter.__getitem__)
+    return best, top

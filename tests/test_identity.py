@@ -1,0 +1,43 @@
+"""Identity: stable key file, libp2p peer id, signatures."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gradnode.node.identity import IdentityError, load_or_create, peer_id_from_public_der, verify
+
+
+def test_key_file_is_created_once_and_reused(tmp_path: Path) -> None:
+    path = tmp_path / "keys" / "identity.key"
+    first = load_or_create(path)
+    assert oct(os.stat(path).st_mode & 0o777) == "0o400"
+    again = load_or_create(path)
+    assert again.peer_id == first.peer_id and first.peer_id.startswith("Qm")
+
+
+def test_peer_id_matches_hivemind(tmp_path: Path) -> None:
+    from hivemind.p2p import PeerID
+
+    ident = load_or_create(tmp_path / "k")
+    assert PeerID.from_identity((tmp_path / "k").read_bytes()).to_base58() == ident.peer_id
+    assert peer_id_from_public_der(ident.public_der) == ident.peer_id
+
+
+def test_sign_verify_and_tampering(tmp_path: Path) -> None:
+    a, b = load_or_create(tmp_path / "a"), load_or_create(tmp_path / "b")
+    sig = a.sign(b"round 3")
+    assert verify(a.public_der, b"round 3", sig)
+    assert not verify(a.public_der, b"round 4", sig)
+    assert not verify(b.public_der, b"round 3", sig)
+    assert not verify(b"garbage", b"round 3", sig)
+    assert not verify(a.public_der, b"round 3", sig[:-1] + bytes([sig[-1] ^ 1]))
+
+
+def test_corrupt_key_file_is_a_value_error(tmp_path: Path) -> None:
+    path = tmp_path / "bad.key"
+    path.write_bytes(b"not a key")
+    with pytest.raises(IdentityError):
+        load_or_create(path)

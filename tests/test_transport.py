@@ -1,0 +1,81 @@
+"""Two real transports (hivemind DHT + libp2p daemon each) in this process, on 127.0.0.1."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import pytest
+
+from gradnode.node.config import SwarmConfig
+from gradnode.node.identity import load_or_create
+from gradnode.node.transport import Transport
+
+pytestmark = pytest.mark.swarm
+
+
+@pytest.fixture
+def trio(tmp_path: Path):
+    made: list[Transport] = []
+    try:
+        first = Transport(SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"]), load_or_create(tmp_path / "a"))
+        made.append(first)
+        first.start()
+        for name in ("b", "c"):
+            t = Transport(SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=first.maddrs()),
+                          load_or_create(tmp_path / name))
+            made.append(t)
+            t.start()
+        yield made
+    finally:
+        for t in made:
+            t.close()
+
+
+def test_records_blobs_gossip_and_counters(trio) -> None:
+    a, b, c = trio
+    assert a.store("k", b"from-a", ttl=30) and b.store("k", b"from-b", ttl=30)
+    assert sorted(c.get("k")) == [b"from-a", b"from-b"]  # one value per owner, none overwritten
+
+    blob = bytes(range(256)) * 4000
+    a.blobs.put("u/x", blob)
+    got = b.fetch([(a.peer_id, a.maddrs())], "u/x", max_bytes=10**7, deadline=time.monotonic() + 20)
+    assert got == blob and a.bytes_up == len(blob) and b.bytes_down == len(blob)
+    b.blobs.put("u/x", got)
+    # c fetches from b only: a fetched blob is served again (gossip)
+    got_c = c.fetch([(b.peer_id, b.maddrs())], "u/x", max_bytes=10**7, deadline=time.monotonic() + 20,
+                    verify=lambda d: hashlib.sha256(d).digest() == hashlib.sha256(blob).digest())
+    assert got_c == blob and b.bytes_up == len(blob)
+
+
+def test_missing_oversized_and_dead_sources_return_none(trio) -> None:
+    a, b, _ = trio
+    a.blobs.put("big", b"x" * 5000)
+    t0 = time.monotonic()
+    assert b.fetch([(a.peer_id, [])], "nope", max_bytes=10**6, deadline=t0 + 1.5) is None
+    assert b.fetch([(a.peer_id, [])], "big", max_bytes=100, deadline=time.monotonic() + 1.5) is None
+    dead = "QmYzqWF8yvd4ihZ6sMsf9zDEeoHEbNEKdDi7vvEEE7CebL"
+    assert b.fetch([(dead, ["/ip4/127.0.0.1/tcp/9/p2p/" + dead])], "big", max_bytes=10**6,
+                   deadline=time.monotonic() + 2) is None
+    assert time.monotonic() - t0 < 30  # bounded by the deadlines, no crash
+
+
+def test_token_bucket_caps_the_link(tmp_path: Path) -> None:
+    made = []
+    try:
+        a = Transport(SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"], bandwidth="8mbit"),
+                      load_or_create(tmp_path / "a"))
+        made.append(a)
+        a.start()
+        b = Transport(SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=a.maddrs()),
+                      load_or_create(tmp_path / "b"))
+        made.append(b)
+        b.start()
+        a.blobs.put("blob", b"y" * 3_000_000)
+        t0 = time.monotonic()
+        assert b.fetch([(a.peer_id, a.maddrs())], "blob", max_bytes=10**7, deadline=t0 + 30) is not None
+        assert time.monotonic() - t0 >= 1.5  # 3 MB at 1 MB/s with a one-second burst
+    finally:
+        for t in made:
+            t.close()

@@ -249,20 +249,27 @@ class Transport:
         finally:
             writer.close()
 
-    async def _fetch(self, peer: str, name: str, max_bytes: int, addrs: Iterable[str]) -> bytes | None:
+    async def _open(self, peer: str, addrs: Iterable[str], handler: str, name: str,
+                    extra: bytes = b"") -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Open a ``handler`` stream to ``peer`` (dialling ``addrs`` if the daemon knows no route yet) and
+        send the request header: the blob name, length-prefixed, then ``extra``."""
         assert self._p2p is not None
         pid = PeerID.from_base58(peer)
         try:
-            _, reader, writer = await self._p2p.call_binary_stream_handler(pid, _GET)
+            _, reader, writer = await self._p2p.call_binary_stream_handler(pid, handler)
         except Exception:
             maddrs = [Multiaddr(a) for a in addrs]
             if not maddrs:
                 raise
             await self._p2p._client.connect(pid, maddrs)
-            _, reader, writer = await self._p2p.call_binary_stream_handler(pid, _GET)
+            _, reader, writer = await self._p2p.call_binary_stream_handler(pid, handler)
+        req = msgpack.packb(name)
+        writer.write(struct.pack(">I", len(req)) + req + extra)
+        return reader, writer
+
+    async def _fetch(self, peer: str, name: str, max_bytes: int, addrs: Iterable[str]) -> bytes | None:
+        reader, writer = await self._open(peer, addrs, _GET, name)
         try:
-            req = msgpack.packb(name)
-            writer.write(struct.pack(">I", len(req)) + req)
             await writer.drain()
             status, length = _HEADER.unpack(await reader.readexactly(_HEADER.size))
             if status != 1:
@@ -351,19 +358,8 @@ class Transport:
 
     async def push_async(self, peer: str, addrs: Iterable[str], name: str, data: bytes) -> bool:
         """Hand blob ``name`` to ``peer`` (which verifies, holds and serves it); True when it accepted."""
-        assert self._p2p is not None
-        pid = PeerID.from_base58(peer)
+        reader, writer = await self._open(peer, addrs, _PUSH, name, struct.pack(">Q", len(data)))
         try:
-            _, reader, writer = await self._p2p.call_binary_stream_handler(pid, _PUSH)
-        except Exception:
-            maddrs = [Multiaddr(a) for a in addrs]
-            if not maddrs:
-                raise
-            await self._p2p._client.connect(pid, maddrs)
-            _, reader, writer = await self._p2p.call_binary_stream_handler(pid, _PUSH)
-        try:
-            req = msgpack.packb(name)
-            writer.write(struct.pack(">I", len(req)) + req + struct.pack(">Q", len(data)))
             for i in range(0, len(data), _CHUNK):
                 piece = data[i:i + _CHUNK]
                 await self._up.consume(len(piece))

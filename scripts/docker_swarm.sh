@@ -3,9 +3,10 @@
 # has finished ROUNDS rounds, check that all report the same weight hash for the same round, print
 # each peer's loss, and tear everything down (volumes included).
 #   PEERS=4 ROUNDS=5 PRESET=swarm-demo.yaml bash scripts/docker_swarm.sh
-# CHAOS=1: once every peer has finished round 2, kill -9 one peer's container, start the same
-# container again (same key and checkpoints: it resumes and catches up) and add a late joiner; the
-# check then expects PEERS+1 peers on one hash.
+# CHAOS=1: a straggler (every inner step 5x slower) trains from the start; once every peer has
+# finished round 2, kill -9 one peer's container, start the same container again (same key and
+# checkpoints: it resumes and catches up) and add a late joiner; the check then expects PEERS+2
+# peers on one hash.
 # Works with `docker compose` and with `docker-compose` (v1).
 set -euo pipefail
 peers=${PEERS:-4} rounds=${ROUNDS:-5} preset=${PRESET:-swarm-demo.yaml} timeout=${TIMEOUT:-900} chaos=${CHAOS:-0}
@@ -16,8 +17,13 @@ compose() {
   else docker-compose -f docker/compose.yaml -p "$project" "$@"; fi
 }
 export GRADNODE_PRESET=$preset GRADNODE_ROUNDS=0
-trap 'echo "[docker_swarm] tearing down"; compose down -v --remove-orphans >/dev/null 2>&1 || true' EXIT
+straggler=${project}-straggler
+trap 'echo "[docker_swarm] tearing down"; docker rm -f "$straggler" >/dev/null 2>&1 || true
+      compose down -v --remove-orphans >/dev/null 2>&1 || true' EXIT
 
+# start from a clean slate: leftovers of an earlier run (containers, volumes) would fool the check
+docker rm -f "$straggler" >/dev/null 2>&1 || true
+compose down -v --remove-orphans >/dev/null 2>&1 || true
 compose build
 compose up -d --scale peer="$peers"
 echo "[docker_swarm] swarm up: 1 bootstrap + $peers peers, preset $preset; waiting for $rounds rounds"
@@ -71,16 +77,19 @@ wait_for() {
 }
 
 if [ "$chaos" = 1 ]; then
-  wait_for "$peers" 3
+  compose run -d --name "$straggler" peer peer --set swarm.slowdown=5 >/dev/null
+  expect=$((peers + 1))
+  echo "[docker_swarm] chaos: straggler $straggler started (inner steps 5x slower)"
+  wait_for "$expect" 3
   victim=$(compose ps -q peer | head -n 1)
   echo "[docker_swarm] chaos: kill -9 of peer container ${victim:0:12}"
   docker kill -s KILL "$victim" >/dev/null
   sleep 20
   echo "[docker_swarm] chaos: restarting ${victim:0:12} with the same command and volume; adding a late joiner"
   docker start "$victim" >/dev/null
-  peers=$((peers + 1))
-  compose up -d --no-recreate --scale peer="$peers"
+  compose up -d --no-recreate --scale peer=$((peers + 1))
+  expect=$((expect + 1))
 fi
-wait_for "$peers" "$rounds"
+wait_for "${expect:-$peers}" "$rounds"
 compose ps
 echo "[docker_swarm] OK"

@@ -234,13 +234,7 @@ class Transport:
             self._state_uploads += is_state
             try:
                 writer.write(_HEADER.pack(1, len(data)))
-                for i in range(0, len(data), _CHUNK):
-                    piece = data[i:i + _CHUNK]
-                    await self._up.consume(len(piece))
-                    writer.write(piece)
-                    await writer.drain()
-                    self.bytes_up += len(piece)
-                    self.state_bytes_up += len(piece) if is_state else 0
+                await self._send(writer, data, is_state)
             finally:
                 self._serving[name] -= 1
                 self._state_uploads -= is_state
@@ -248,6 +242,16 @@ class Transport:
             log.debug("serve aborted peer=%s error=%r", info.peer_id, err)
         finally:
             writer.close()
+
+    async def _send(self, writer: asyncio.StreamWriter, data: bytes, is_state: bool = False) -> None:
+        """Write ``data`` in pieces paced by the upload token bucket, counting bytes as they go."""
+        for i in range(0, len(data), _CHUNK):
+            piece = data[i:i + _CHUNK]
+            await self._up.consume(len(piece))
+            writer.write(piece)
+            await writer.drain()
+            self.bytes_up += len(piece)
+            self.state_bytes_up += len(piece) if is_state else 0
 
     async def _open(self, peer: str, addrs: Iterable[str], handler: str, name: str,
                     extra: bytes = b"") -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -360,12 +364,7 @@ class Transport:
         """Hand blob ``name`` to ``peer`` (which verifies, holds and serves it); True when it accepted."""
         reader, writer = await self._open(peer, addrs, _PUSH, name, struct.pack(">Q", len(data)))
         try:
-            for i in range(0, len(data), _CHUNK):
-                piece = data[i:i + _CHUNK]
-                await self._up.consume(len(piece))
-                writer.write(piece)
-                await writer.drain()
-                self.bytes_up += len(piece)
+            await self._send(writer, data)
             return (await asyncio.wait_for(reader.readexactly(1), 60)) == b"\x01"
         finally:
             writer.close()

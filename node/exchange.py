@@ -21,6 +21,12 @@ How every honest peer ends a round with the same set of updates (and so with ide
 
 An update that misses the deadline is excluded by everyone alike; its sender gets ``own_included =
 False`` and puts the content back into its local progress, so nothing is lost.
+
+A peer too slow for round r (its deadline is nearer than the peer's fewest steps) *abstains*: it writes
+an abstaining proposal at once (nobody waits for it to lead), computes for round r+1 instead, and learns
+round r's decision as an *observer* (``blob=None``: it announces and proposes nothing, and follows the
+leader like everyone else). So a 5x slower peer stays in phase and contributes every other round or
+better, instead of announcing each update after its round was decided.
 """
 
 from __future__ import annotations
@@ -102,7 +108,7 @@ class RoundExchange(threading.Thread):
     """Runs round r's exchange in the background; ``result()`` blocks for the outcome."""
 
     def __init__(self, *, transport: Transport, membership: Membership, cfg: SwarmConfig, run_id: str,
-                 round_: int, blob: bytes, tokens: int, round_seconds: float, shapes: dict[str, tuple[int, ...]],
+                 round_: int, blob: bytes | None, tokens: int, round_seconds: float, shapes: dict[str, tuple[int, ...]],
                  rejections: Rejections, stop: threading.Event, eligible: list[str] | None = None,
                  leaving: threading.Event | None = None) -> None:
         super().__init__(name=f"exchange-{round_}", daemon=True)
@@ -110,10 +116,12 @@ class RoundExchange(threading.Thread):
         self.round, self.blob, self.tokens, self.round_seconds = round_, blob, tokens, round_seconds
         self.shapes, self.rejections, self.stop_event = shapes, rejections, stop
         self.me = transport.peer_id
-        # who may lead: the previous round's agreed senders (timely and alive), else the live trainers
-        self.eligible = set(eligible or ())
+        # who may lead: the previous round's agreed senders (timely and alive), else the live trainers;
+        # an observer (no blob of its own) never leads
+        self.observer = blob is None
+        self.eligible = set(eligible or ()) - ({self.me} if self.observer else set())
         self.leaving = leaving or threading.Event()  # set when this peer announced its departure
-        self.digest = hashlib.sha256(blob).hexdigest()
+        self.digest = hashlib.sha256(blob).hexdigest() if blob is not None else ""
         self.verified: dict[str, _Verified] = {}
         self.first_seen: dict[str, float] = {}
         self.announced: dict[str, UpdateAnnouncement] = {}
@@ -133,9 +141,11 @@ class RoundExchange(threading.Thread):
     def run(self) -> None:
         t0 = time.monotonic()
         try:
-            self._announce()
+            if not self.observer:
+                self._announce()
             deadline = self._collect()
-            self._propose()
+            if not self.observer:
+                self._propose()
             chosen = self._decide(deadline)
             self._outcome = self._assemble(chosen, t0)
         except Exception:  # a bug here must not kill the peer; the round counts as undecided
@@ -175,7 +185,9 @@ class RoundExchange(threading.Thread):
             self._reap()
             # live trainers: fresh records that kept up (a silent peer's record stays at its last round)
             live = {p for p, m in self.members.members().items() if m.training and m.round >= self.round - 1}
-            live.add(self.me)
+            live.discard(self.me)
+            if not self.observer:
+                live.add(self.me)
             deadline = deadline_from(self.first_seen, len(live), self.round_seconds, self.cfg)
             everyone = live <= set(self.verified)
             late = deadline is not None and time.monotonic() >= deadline
@@ -192,7 +204,7 @@ class RoundExchange(threading.Thread):
         nothing. The leader itself never stops early this way: its proposal gets its full window."""
         who = self.eligible or live
         me_eligible = self.me in who
-        return any(p.round == self.round and p.proposer in who and p.proposer != self.me
+        return any(p.round == self.round and p.proposer in who and p.proposer != self.me and not p.abstain
                    and (not me_eligible or p.proposer < self.me)
                    for p in self.members.read("proposals", self.round, Proposal))
 
@@ -210,14 +222,17 @@ class RoundExchange(threading.Thread):
         hard_stop = time.monotonic() + self.cfg.max_wait_s
         if not self.eligible:
             self.eligible = {p for p, m in self.members.members().items() if m.training} | {self.me}
+            if self.observer:
+                self.eligible.discard(self.me)
         while not self.stop_event.is_set():
             proposals = [p for p in self.members.read("proposals", self.round, Proposal)
                          if p.round == self.round and p.proposer in self.eligible]
             best = leader(proposals)
             self._scan()
             self._reap()
-            leaving = self.members.leaving()  # gracefully departed peers will not propose: no wait for them
-            lower = [s for s in self.eligible if (best is None or s < best.proposer) and s not in leaving]
+            # nobody waits for gracefully departed peers or for those that abstained from this round
+            absent = self.members.leaving() | {p.proposer for p in proposals if p.abstain}
+            lower = [s for s in self.eligible if (best is None or s < best.proposer) and s not in absent]
             now = time.monotonic()
             if best is not None and (not lower or now >= grace_end):
                 return best

@@ -8,6 +8,9 @@ Each round, top to bottom (overlapped: round r's exchange runs while round r+1's
     make, sign and announce the update of round r+1; its exchange starts in the background
     offer the new state, refresh the membership record, checkpoint, log
 
+A peer too slow to make round r+1's deadline even with its fewest steps abstains from it and computes
+for round r+2 instead, learning round r+1's decision as an observer (exchange.py): it stays in phase.
+
 Joining: a fresh peer downloads the swarm's state (statesync.py); a peer that resumes from its own
 checkpoint a few rounds behind replays the missed rounds' updates instead (catchup.py) when that is
 smaller. SIGINT/SIGTERM announce the departure at once (membership ``leaving``: nobody waits for this
@@ -16,6 +19,7 @@ peer any more), stop the inner steps, finish the pending round when it can, and 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -33,7 +37,7 @@ from gradnode.node.exchange import Outcome, Rejections, RoundExchange, check_upd
 from gradnode.node.identity import Identity, load_or_create
 from gradnode.node.membership import Membership
 from gradnode.node.transport import Transport
-from gradnode.protocol.records import UpdateAnnouncement, WeightHash, majority_hash, update_name
+from gradnode.protocol.records import Proposal, UpdateAnnouncement, WeightHash, majority_hash, update_name
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +58,8 @@ class PeerSummary:
     rejected_by_sender: dict[str, dict[str, int]] = field(default_factory=dict)
     resyncs: int = 0
     own_excluded: int = 0
+    contributed: int = 0  # rounds whose agreed set held this peer's update
+    abstained: int = 0  # rounds this peer sat out to get back in phase (too slow for their deadline)
     hashes: dict[int, str] = field(default_factory=dict)
     joined_round: int = 0  # the first round this process trained (after resuming and syncing)
     first_contribution: int | None = None  # the first round whose agreed set held this peer's update
@@ -62,6 +68,9 @@ class PeerSummary:
     rejected_state_offers: int = 0  # offers whose weights did not match their advertised hash
     resumed_round: int | None = None  # round of the own checkpoint this process resumed from
     state_bytes_up: int = 0  # state served to joiners
+    own_update_bytes_up: int = 0  # copies of this peer's own updates uploaded (the rest of bytes_up is relaying)
+    # main-thread seconds per round outside the inner steps, by phase (what utilisation loses, and where)
+    phase_s_per_round: dict[str, float] = field(default_factory=dict)
 
 
 def shard_of(peer_id: str) -> int:
@@ -94,6 +103,8 @@ class Peer:
         self.hashes: dict[int, str] = {}
         self.resyncs = 0
         self.own_excluded = 0
+        self.contributed = 0
+        self.abstained = 0
         self.inner_s = 0.0
         self.wait_s = 0.0
         self.step_s = 0.0
@@ -108,6 +119,7 @@ class Peer:
         self.leaving = threading.Event()
         self.applied: dict[int, tuple[list[tuple[str, str]], int]] = {}  # round -> (included, bytes), reported
         self.sync_stats: Counter = Counter()
+        self.phase_s: Counter = Counter()
         self.catchups = 0
         self.joined_round = 0
         self.first_contribution: int | None = None
@@ -178,6 +190,10 @@ class Peer:
         threading.Thread(target=self._heartbeat, args=(True, training_done), name="heartbeat", daemon=True).start()
         while not self.stop.is_set() and self.engine.round + (pending is not None) < target:
             computing = self.engine.round + (pending is not None)
+            skipped = None
+            if computing + 1 < target and self._too_late_for(computing):
+                skipped, computing = computing, computing + 1
+                self._abstain(skipped)
             stats = self.engine.inner_round(should_stop=self._round_clock(computing))
             self.inner_s += stats.seconds
             self.last_steps, self.last_tokens = stats.steps, stats.tokens
@@ -187,9 +203,12 @@ class Peer:
             if pending is not None:
                 self._finish(pending)
                 pending = None
+            if skipped is not None and self.engine.round == skipped and not self.stop.is_set():
+                self._finish(self._observe(skipped))
             if self.stop.is_set() or self.engine.round != computing or not stats.steps:
                 continue  # re-synced or stopping: this round's progress stays local
-            pending = self._publish_update(stats.tokens)
+            with self._phase("update"):
+                pending = self._publish_update(stats.tokens)
             if not self.sw.overlap:
                 self._finish(pending)
                 pending = None
@@ -219,11 +238,44 @@ class Peer:
         ex.start()
         return ex
 
+    @contextlib.contextmanager
+    def _phase(self, name: str):  # type: ignore[no-untyped-def]
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phase_s[name] += time.monotonic() - t0
+
+    def _abstain(self, round_: int) -> None:
+        """Sit round ``round_`` out, saying so at once so that nobody waits for our proposal."""
+        self.abstained += 1
+        self.membership.write("proposals", round_, Proposal(run_id=self.cfg.run.run_id, round=round_,
+                                                            proposer=self.identity.peer_id, included=[],
+                                                            abstain=True))
+        log.info("round=%d abstained: its deadline is nearer than %d step(s) of %.2f s; computing for round=%d",
+                 round_, self.sw.min_steps, self.step_s, round_ + 1)
+
+    def _observe(self, round_: int) -> RoundExchange:
+        """Learn the decision of a round we abstained from, exactly as the others reached it."""
+        ex = RoundExchange(transport=self.transport, membership=self.membership, cfg=self.sw,
+                           run_id=self.cfg.run.run_id, round_=round_, blob=None, tokens=0,
+                           round_seconds=self._round_seconds(), shapes=self.shapes, rejections=self.rejections,
+                           stop=threading.Event(), eligible=self.last_senders, leaving=self.leaving)
+        ex.start()
+        return ex
+
     def _finish(self, ex: RoundExchange) -> None:
         """Wait for round r's decision and apply it; a missed own update returns to local progress."""
         t0 = time.monotonic()
         outcome = ex.result(timeout=self.sw.max_wait_s + 10)
-        self.wait_s += time.monotonic() - t0
+        wait = time.monotonic() - t0
+        self.wait_s += wait
+        self.phase_s["wait"] += wait
+        with self._phase("apply"):
+            self._apply(ex, outcome, wait)
+
+    def _apply(self, ex: RoundExchange, outcome: Outcome | None, wait: float) -> None:
+        """The outer step of round r with the agreed updates, and its bookkeeping."""
         if outcome is None or not outcome.decided:
             log.warning("round=%d undecided: applying no update (hash check will re-sync)", ex.round)
             outcome = Outcome(ex.round, [], [], [], False, None, False, 0.0)
@@ -236,17 +288,19 @@ class Peer:
         sizes = [len(self.transport.blobs.get(update_name(self.cfg.run.run_id, ex.round, s)) or b"")
                  for s in outcome.senders]
         self.applied[ex.round] = (included, sum(sizes))
-        if outcome.own_included and self.first_contribution is None:
-            self.first_contribution = ex.round
-        if not outcome.own_included:
+        if outcome.own_included:
+            self.contributed += 1
+            if self.first_contribution is None:
+                self.first_contribution = ex.round
+        elif not ex.observer:
             self.own_excluded += 1
             self._return_own(ex)
         self.rounds_done += 1
         self.hashes[ex.round] = self.engine.param_hash()
         log.info("round=%d applied=%d leader=%s own_included=%s wait_s=%.2f hash=%s", ex.round,
-                 len(outcome.updates), (outcome.leader or "-")[:12], outcome.own_included,
-                 time.monotonic() - t0, self.hashes[ex.round][:12])
-        self._write_metrics(ex.round, outcome, time.monotonic() - t0)
+                 len(outcome.updates), (outcome.leader or "-")[:12],
+                 "abstained" if ex.observer else outcome.own_included, wait, self.hashes[ex.round][:12])
+        self._write_metrics(ex.round, outcome, wait)
 
     def _return_own(self, ex: RoundExchange) -> None:
         """Error feedback for an excluded update: add what we sent back onto ``start`` so the next
@@ -258,35 +312,47 @@ class Peer:
             self.engine.start[name].add_(t.to(self.engine.start[name].device, self.engine.start[name].dtype))
 
     def _after_round(self) -> None:
-        from gradnode.node import statesync
-
         if self.sw.hash_check and self.applied:  # report only rounds this peer applied (or replayed) itself
-            last = max(self.applied)
-            included, size = self.applied[last]
-            # kept long enough for a peer that was away catchup_rounds rounds to read what it missed
-            ttl = max(self.sw.record_ttl_s, 3.0 * self.sw.catchup_rounds * max(self._round_seconds(),
-                                                                                 self.sw.min_deadline_s))
-            self.membership.write("weights", last, WeightHash(run_id=self.cfg.run.run_id, round=last,
-                                                              peer=self.identity.peer_id,
-                                                              param_hash=self.hashes[last], included=included,
-                                                              update_bytes=size), ttl=ttl)
-            if last - 1 in self.hashes:
-                self._check_hash(last - 1)
+            with self._phase("hash_check"):
+                self._report_hash()
         if not self.sw.client_mode:  # nobody can fetch from a client-mode peer
-            state = self.engine.shared_state()
-            if self.sw.fault == "tamper_state" and self.engine.round >= self.sw.fault_round:
-                state = _tampered(state)
-            statesync.offer(state, self.engine.param_hash(), self.engine.round, transport=self.transport,
-                            membership=self.membership, cfg=self.sw, run_id=self.cfg.run.run_id)
-        self._publish_member(training=True)
+            with self._phase("offer_state"):
+                self._offer_state()
+        with self._phase("record"):
+            self._publish_member(training=True)
         every = self.cfg.checkpoint.every_rounds
         if every and self.engine.round % every == 0:
-            self._save_checkpoint()
+            with self._phase("checkpoint"):
+                self._save_checkpoint()
         keep = max(3, self.sw.catchup_rounds + 1)  # applied updates stay served for the catch-up window
         self.transport.blobs.drop(lambda n: not n.startswith("u/") or
                                   int(n.split("/")[2]) >= self.engine.round - keep)
         for r in [r for r in self.applied if r < self.engine.round - keep]:
             del self.applied[r]
+
+    def _report_hash(self) -> None:
+        """Publish the weight hash of our newest applied round; compare the round before with the majority."""
+        last = max(self.applied)
+        included, size = self.applied[last]
+        # kept long enough for a peer that was away catchup_rounds rounds to read what it missed
+        ttl = max(self.sw.record_ttl_s, 3.0 * self.sw.catchup_rounds * max(self._round_seconds(),
+                                                                             self.sw.min_deadline_s))
+        self.membership.write("weights", last, WeightHash(run_id=self.cfg.run.run_id, round=last,
+                                                          peer=self.identity.peer_id,
+                                                          param_hash=self.hashes[last], included=included,
+                                                          update_bytes=size), ttl=ttl)
+        if last - 1 in self.hashes:
+            self._check_hash(last - 1)
+
+    def _offer_state(self) -> None:
+        """Serve the current state to joiners (chunked, hash-named) and publish its manifest."""
+        from gradnode.node import statesync
+
+        state = self.engine.shared_state()
+        if self.sw.fault == "tamper_state" and self.engine.round >= self.sw.fault_round:
+            state = _tampered(state)
+        statesync.offer(state, self.engine.param_hash(), self.engine.round, transport=self.transport,
+                        membership=self.membership, cfg=self.sw, run_id=self.cfg.run.run_id)
 
     def _save_checkpoint(self) -> None:
         """Disk full or folder unwritable: say so clearly and keep training on the state in memory."""
@@ -409,38 +475,36 @@ class Peer:
         return self.membership.round_seconds(own or self.sw.min_deadline_s)
 
     def _round_clock(self, round_: int) -> Callable[[], bool]:
-        """should_stop for inner steps: stop on a signal, or when this peer is late for the swarm's
-        deadline of ``round_`` (a slow peer runs fewer steps instead of stalling the others)."""
-        state = {"steps": 0, "last": time.monotonic(), "poll": 0.0, "seen": {}, "live": 1}
-        window = self._round_seconds()
+        """should_stop for inner steps: stop on a signal, or when one more step would end after this peer's
+        stop time for ``round_`` (a slow peer runs fewer steps instead of stalling the others)."""
+        state = {"steps": 0, "last": time.monotonic(), "step_s": self.step_s}
+        stop_time = _StopTime(self, round_)
 
         def should_stop() -> bool:
             now = time.monotonic()
             if self.sw.slowdown > 1 and state["steps"]:
                 time.sleep((self.sw.slowdown - 1) * (now - state["last"]))
                 now = time.monotonic()
+            if state["steps"]:
+                state["step_s"] = now - state["last"]
             state["last"] = now
             state["steps"] += 1
             if self.stop.is_set():
                 return True
             if state["steps"] <= self.sw.min_steps:
                 return False
-            if now >= state["poll"]:
-                state["poll"] = now + 0.5
-                dht_now = self.transport.now()
-                for ann in self.membership.read("updates", round_, UpdateAnnouncement):
-                    # when it was announced, not when we first looked: a peer that joined or fell behind
-                    # sees the deadline already passed and cuts its round short to catch up
-                    age = min(max(0.0, dht_now - ann.time), 600.0)
-                    state["seen"].setdefault(ann.sender, now - age)
-                state["live"] = 1 + sum(1 for p, m in self.membership.members().items()
-                                        if m.training and p != self.identity.peer_id and m.round >= round_ - 1)
-            deadline = deadline_from(state["seen"], state["live"], window, self.sw)
-            if deadline is None:
-                return False
-            margin = 0.5 * (deadline - min(state["seen"].values(), default=now))
-            return now >= deadline - margin
+            stop_at = stop_time(now)
+            return stop_at is not None and now + state["step_s"] > stop_at
         return should_stop
+
+    def _too_late_for(self, round_: int) -> bool:
+        """True when round ``round_``'s deadline is already running and nearer than our fewest steps:
+        our update would arrive after the others decided, so we had better compute for the next round."""
+        if not self.step_s:
+            return False
+        now = time.monotonic()
+        stop_at = _StopTime(self, round_, predict=False)(now)
+        return stop_at is not None and now + self.sw.min_steps * self.step_s > stop_at
 
     def _wait_for_peers(self) -> None:
         need = self.sw.min_peers
@@ -494,7 +558,7 @@ class Peer:
                "own_included": outcome.own_included, "wait_s": wait, "inner_s": self.inner_s,
                "bytes_up": self.transport.bytes_up, "bytes_down": self.transport.bytes_down,
                "rejected": self.rejections.total(), "resyncs": self.resyncs, "catchups": self.catchups,
-               "joined_round": self.joined_round, "time": time.time()}
+               "joined_round": self.joined_round, "phase_s": dict(self.phase_s), "time": time.time()}
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(row) + "\n")
 
@@ -507,11 +571,62 @@ class Peer:
                            comm_wait_s_per_round=self.wait_s / max(1, self.rounds_done),
                            rejected_updates=self.rejections.total(),
                            rejected_by_sender=self.rejections.by_sender(), resyncs=self.resyncs,
-                           own_excluded=self.own_excluded, hashes=dict(self.hashes), joined_round=self.joined_round,
+                           own_excluded=self.own_excluded, contributed=self.contributed,
+                           abstained=self.abstained, hashes=dict(self.hashes), joined_round=self.joined_round,
                            first_contribution=self.first_contribution, catchups=self.catchups,
                            state_downloads=self.sync_stats["downloads"],
                            rejected_state_offers=self.sync_stats["rejected_offers"], resumed_round=self.resumed_round,
-                           state_bytes_up=self.transport.state_bytes_up)
+                           state_bytes_up=self.transport.state_bytes_up,
+                           own_update_bytes_up=self.transport.own_update_bytes_up,
+                           phase_s_per_round={k: v / max(1, self.rounds_done) for k, v in sorted(self.phase_s.items())})
+
+
+class _Deadline:
+    """The swarm's deadline of one round as a peer sees it, from the DHT's announcements (re-read at most
+    every 0.5 s); None until half the live training peers have announced."""
+
+    def __init__(self, peer: Peer, round_: int, window: float) -> None:
+        self.peer, self.round, self.window = peer, round_, window
+        self.seen: dict[str, float] = {}
+        self.live = 1
+        self.next_poll = 0.0
+
+    def __call__(self, now: float) -> float | None:
+        peer = self.peer
+        if now >= self.next_poll:
+            self.next_poll = now + 0.5
+            dht_now = peer.transport.now()
+            for ann in peer.membership.read("updates", self.round, UpdateAnnouncement):
+                # when it was announced, not when we first looked: a peer that joined or fell behind
+                # sees the deadline already passed and cuts its round short to catch up
+                age = min(max(0.0, dht_now - ann.time), 600.0)
+                self.seen.setdefault(ann.sender, now - age)
+            self.live = 1 + sum(1 for p, m in peer.membership.members().items()
+                                if m.training and p != peer.identity.peer_id and m.round >= self.round - 1)
+        return deadline_from(self.seen, self.live, self.window, peer.sw)
+
+
+class _StopTime:
+    """When a peer should have finished its inner steps of a round: half a deadline window before the
+    round's deadline, which leaves time to apply the previous round and announce. Before anyone has
+    announced the round, its deadline is predicted as the previous round's plus one median round (a slow
+    peer must stop in time, not notice the deadline once it has passed)."""
+
+    def __init__(self, peer: Peer, round_: int, predict: bool = True) -> None:
+        round_s = peer._round_seconds()
+        self.window = max(peer.sw.min_deadline_s, (peer.sw.deadline_slack - 1.0) * round_s)
+        self.round_s = round_s
+        self.current = _Deadline(peer, round_, round_s)
+        self.previous = _Deadline(peer, round_ - 1, round_s) if predict and round_ > 0 else None
+
+    def __call__(self, now: float) -> float | None:
+        deadline = self.current(now)
+        if deadline is not None:
+            return deadline - 0.5 * (deadline - min(self.current.seen.values()))
+        before = self.previous(now) if self.previous is not None else None
+        if before is None:
+            return None
+        return before + self.round_s - 0.5 * self.window
 
 
 def _tampered(state: dict[str, Any]) -> dict[str, Any]:

@@ -110,6 +110,7 @@ class Transport:
         self._serving: dict[str, int] = {}
         self._state_uploads = 0  # state chunks being uploaded now (bounded by cfg.state_upload_slots)
         self.state_bytes_up = 0  # of bytes_up, state chunks served to joiners
+        self.own_update_bytes_up = 0  # of bytes_up, copies of this peer's own updates (served or pushed)
         self.busy_refusals = 0  # requests answered 'busy' (all upload slots of a blob or for state in use)
         # accepts or refuses a pushed blob (name, bytes) -> bool; set by the peer, None refuses every push
         self.on_push: Callable[[str, bytes], bool] | None = None
@@ -223,6 +224,7 @@ class Transport:
             name = msgpack.unpackb(await asyncio.wait_for(reader.readexactly(n), 30))
             data = self.blobs.get(name) if isinstance(name, str) else None
             is_state = data is not None and name.startswith("s/")
+            own = data is not None and name.startswith("u/") and name.endswith("/" + self.peer_id)
             busy = data is not None and (self._serving.get(name, 0) >= self.upload_slots or
                                          (is_state and self._state_uploads >= self.cfg.state_upload_slots))
             self.busy_refusals += busy
@@ -234,7 +236,7 @@ class Transport:
             self._state_uploads += is_state
             try:
                 writer.write(_HEADER.pack(1, len(data)))
-                await self._send(writer, data, is_state)
+                await self._send(writer, data, is_state=is_state, own=own)
             finally:
                 self._serving[name] -= 1
                 self._state_uploads -= is_state
@@ -243,8 +245,10 @@ class Transport:
         finally:
             writer.close()
 
-    async def _send(self, writer: asyncio.StreamWriter, data: bytes, is_state: bool = False) -> None:
-        """Write ``data`` in pieces paced by the upload token bucket, counting bytes as they go."""
+    async def _send(self, writer: asyncio.StreamWriter, data: bytes, *, is_state: bool = False,
+                    own: bool = False) -> None:
+        """Write ``data`` in pieces paced by the upload token bucket, counting bytes as they go (also apart:
+        state chunks, and copies of our own updates, which gossip keeps flat as the swarm grows)."""
         for i in range(0, len(data), _CHUNK):
             piece = data[i:i + _CHUNK]
             await self._up.consume(len(piece))
@@ -252,6 +256,7 @@ class Transport:
             await writer.drain()
             self.bytes_up += len(piece)
             self.state_bytes_up += len(piece) if is_state else 0
+            self.own_update_bytes_up += len(piece) if own else 0
 
     async def _open(self, peer: str, addrs: Iterable[str], handler: str, name: str,
                     extra: bytes = b"") -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -364,7 +369,7 @@ class Transport:
         """Hand blob ``name`` to ``peer`` (which verifies, holds and serves it); True when it accepted."""
         reader, writer = await self._open(peer, addrs, _PUSH, name, struct.pack(">Q", len(data)))
         try:
-            await self._send(writer, data)
+            await self._send(writer, data, own=True)
             return (await asyncio.wait_for(reader.readexactly(1), 60)) == b"\x01"
         finally:
             writer.close()

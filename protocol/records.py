@@ -119,13 +119,17 @@ class UpdateAnnouncement(Record):
 
 class Proposal(Record):
     """A peer's view of round r at its deadline: the (sender, digest) pairs it fetched and verified.
-    Every peer adopts the proposal of the round's leader (lowest proposer id that proposed)."""
+    Every peer adopts the proposal of the round's leader (lowest proposer id that proposed).
+
+    ``abstain``: the proposer sits this round out (a straggler skipping ahead to the next round); it
+    can never lead it, and nobody waits for its proposal."""
 
     kind: ClassVar[str] = "proposal"
     _tuple_lists: ClassVar[tuple[str, ...]] = ("included",)
     round: Round
     proposer: PeerId
     included: list[tuple[PeerId, Digest]] = Field(max_length=MAX_PEERS_PER_ROUND)
+    abstain: bool = False
 
 
 class WeightHash(Record):
@@ -179,8 +183,9 @@ def dht_key(run_id: str, what: Literal["members", "updates", "proposals", "weigh
 
 
 def leader(proposals: list[Proposal]) -> Proposal | None:
-    """The round's decision: the proposal of the lowest proposer id (deterministic, crash-tolerant)."""
-    return min(proposals, key=lambda p: p.proposer, default=None)
+    """The round's decision: the proposal of the lowest proposer id (deterministic, crash-tolerant);
+    abstentions never lead."""
+    return min((p for p in proposals if not p.abstain), key=lambda p: p.proposer, default=None)
 
 
 def majority_hash(hashes: list[WeightHash]) -> tuple[str, int] | None:

@@ -22,20 +22,22 @@ def test_straggler_and_dropout(run_swarm, metrics_of) -> None:
             time.sleep(0.2)
 
     # steps stretched by sleeping (cheap on CPU) so that compute dominates the round, as in real runs
-    common = ["inner.steps=8", "swarm.min_deadline_s=0.5"]
-    summary = run_swarm(peers=3, rounds=6, on_swarm=kill_peer_1,
-                        peer_overrides={0: [*common, "swarm.slowdown=8"], 1: [*common, "swarm.slowdown=8"],
-                                        2: [*common, "swarm.slowdown=40"]})
+    common = ["inner.steps=16", "swarm.min_deadline_s=0.5"]
+    summary = run_swarm(peers=3, rounds=8, on_swarm=kill_peer_1,
+                        peer_overrides={0: [*common, "swarm.slowdown=20"], 1: [*common, "swarm.slowdown=20"],
+                                        2: [*common, "swarm.slowdown=100"]})
     fast, dead, slow = summary["peers"]
     assert "error" in dead  # killed: no summary
-    assert fast["rounds"] == slow["rounds"] == 6
+    assert fast["rounds"] == slow["rounds"] == 8
     assert fast["param_hash"] == slow["param_hash"]
-    for r in range(6):
+    for r in range(8):
         assert fast["hashes"][str(r)] == slow["hashes"][str(r)]
     fast_rows, slow_rows = metrics_of(summary, 0), metrics_of(summary, 2)
     # the fast peer's own update makes every round; the straggler cut rounds short (fewer tokens)
     assert all(row["own_included"] for row in fast_rows)
-    assert any(row["steps"] < 8 for row in slow_rows[1:])
-    # the straggler still contributes (its updates weighted by the tokens they carry)
-    assert sum(slow["peer"] in row["senders"] for row in fast_rows) >= 1
+    assert any(row["steps"] < 16 for row in slow_rows[1:])
+    # the straggler stays in phase (abstaining from a round it cannot make, see exchange.py) and so
+    # contributes to most rounds, its updates weighted by the fewer tokens they carry
+    made = [slow["peer"] in row["senders"] for row in fast_rows]
+    assert sum(made[2:]) >= 4, made
     assert summary["val_loss_last"] < summary["val_loss_first"]

@@ -1,8 +1,9 @@
 """`gradnode bench swarm`: real swarms on 127.0.0.1, figures printed, nothing asserted.
 
-1. Utilisation: 4 peers on the given config with every link capped (token bucket), overlapped
-   exchange: time in inner steps / wall time, and the seconds per round the main loop waited for
-   communication (the part not hidden behind compute).
+1. Utilisation: 4 peers on the given config with every link capped (`--link`: tc tbf in network
+   namespaces, or the transport's token bucket), overlapped exchange: time in inner steps / wall
+   time, and the seconds per round the main loop waited for communication (the part not hidden
+   behind compute).
 2. Traffic: bytes up and down per peer per round at each swarm size (a small model, so that 8 peers
    fit on a laptop), with the largest single upload (gossip keeps the sender's upload from growing).
 """
@@ -21,8 +22,8 @@ TRAFFIC_MODEL = ["model.n_layer=2", "model.n_head=2", "model.d_model=64", "model
 
 
 def _swarm(out: Path, peers: int, rounds: int, config: Path | None, overrides: list[str],
-           bandwidth: str | None) -> dict[str, Any]:
-    s = sim.SimSettings(peers=peers, rounds=rounds, config=config, out_dir=out, bandwidth=bandwidth,
+           bandwidth: str | None, link: str = "auto") -> dict[str, Any]:
+    s = sim.SimSettings(peers=peers, rounds=rounds, config=config, out_dir=out, bandwidth=bandwidth, link=link,
                         overrides=overrides, eval_peers=0, timeout_s=1800)
     return sim.run(s, live=False)
 
@@ -39,10 +40,12 @@ def _per_round(summary: dict[str, Any]) -> dict[str, Any]:
             "comm_wait_s_per_round": statistics.mean(p["comm_wait_s_per_round"] for p in ok) if ok else 0.0}
 
 
-def run(sizes: list[int], *, rounds: int, bandwidth: str, config: Path | None, overrides: list[str]) -> dict[str, Any]:
+def run(sizes: list[int], *, rounds: int, bandwidth: str, config: Path | None, overrides: list[str],
+        link: str = "auto") -> dict[str, Any]:
     out: dict[str, Any] = {"bandwidth": bandwidth, "rounds": rounds}
     with tempfile.TemporaryDirectory(prefix="gradnode-bench-") as tmp:
-        util = _swarm(Path(tmp) / "util", 4, rounds, config, overrides, bandwidth)
+        util = _swarm(Path(tmp) / "util", 4, rounds, config, overrides, bandwidth, link)
+        out["link"] = util["link"]
         out["utilization_4_peers"] = _per_round(util)
         out["traffic"] = [_per_round(_swarm(Path(tmp) / f"n{n}", n, rounds, None, TRAFFIC_MODEL + overrides, None))
                           for n in sizes]
@@ -55,7 +58,8 @@ def print_result(result: dict[str, Any]) -> None:
 
     u = result["utilization_4_peers"]
     console = Console()
-    console.print(f"4 peers, link cap {result['bandwidth']}: utilization {u['utilization_mean']:.1%}, "
+    console.print(f"4 peers, link cap {result['bandwidth']} ({result['link']}): "
+                  f"utilization {u['utilization_mean']:.1%}, "
                   f"non-overlapped communication {u['comm_wait_s_per_round']:.2f} s/round, "
                   f"identical weights: {u['identical_hashes']}")
     t = Table(title="traffic per peer per round")

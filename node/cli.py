@@ -211,6 +211,23 @@ def status_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = S
     Console().print(table)
 
 
+LinkOpt = typer.Option("auto", "--link", help="How --bandwidth caps each peer's link: netns = the peer runs in "
+                      "its own network namespace behind a veth with tc tbf each way (root only; a real slow link for "
+                      "TCP); bucket = a token bucket in the transport, on 127.0.0.1; auto = netns where it works, "
+                      "else bucket.")
+
+
+def _check_link(link: str, bandwidth: Optional[str]) -> None:
+    """Fail fast with the reason (e.g. not root for --link netns), before any process starts."""
+    from gradnode.node.simulate import resolve_link
+
+    try:
+        resolve_link(link, bandwidth)
+    except ValueError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(2) from None
+
+
 @app.command("simulate")
 def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=64, help="Training peers."),
                  rounds: int = typer.Option(5, "--rounds", "-r", min=1, help="Rounds each peer trains."),
@@ -218,7 +235,8 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=64, he
                  as_json: bool = typer.Option(False, "--json", help="Print one JSON summary object."),
                  plot_path: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of loss per round."),
                  bandwidth: Optional[str] = typer.Option(None, "--bandwidth", help="Cap each peer's link, e.g. "
-                                                         "10mbit (token bucket in the transport)."),
+                                                         "10mbit, each way (see --link for how)."),
+                 link: str = LinkOpt,
                  output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="Folder for logs and "
                                                            "checkpoints; default runs/simulate-<time>."),
                  faults_spec: Optional[str] = typer.Option(
@@ -230,7 +248,7 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=64, he
                  timeout: float = typer.Option(3600.0, "--timeout", min=10.0, help="Stop every peer after this many "
                                                "seconds."),
                  verbose: bool = typer.Option(False, "--verbose", "-v")) -> None:
-    """Start a bootstrap and N peers as processes on 127.0.0.1, show them live, print a summary."""
+    """Start a bootstrap and N peers as processes on this machine, show them live, print a summary."""
     import time as _time
 
     from gradnode.node import simulate as sim
@@ -244,6 +262,7 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=64, he
         except ValueError as err:
             typer.echo(f"--bandwidth: {err}", err=True)
             raise typer.Exit(2) from None
+    _check_link(link, bandwidth)
     from gradnode.node import faults
 
     try:
@@ -253,8 +272,8 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=64, he
         raise typer.Exit(2) from None
     out = output_dir or Path("runs") / f"simulate-{_time.strftime('%Y%m%d-%H%M%S')}"
     settings = sim.SimSettings(peers=peers, rounds=rounds, config=config, out_dir=out.resolve(),
-                               bandwidth=bandwidth, overrides=list(set_ or []), faults=faults_spec, seed=seed,
-                               timeout_s=timeout)
+                               bandwidth=bandwidth, link=link, overrides=list(set_ or []), faults=faults_spec,
+                               seed=seed, timeout_s=timeout)
     try:
         summary = sim.run(settings)
     except KeyboardInterrupt:
@@ -274,14 +293,17 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=64, he
 def bench_swarm_cmd(sizes: str = typer.Option("2,4,8", "--sizes", help="Swarm sizes for the traffic table."),
                     rounds: int = typer.Option(6, "--rounds", min=2, help="Rounds per swarm."),
                     bandwidth: str = typer.Option("20mbit", "--bandwidth", help="Link cap for the utilisation run."),
+                    link: str = LinkOpt,
                     config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = SetOpt,
                     as_json: bool = typer.Option(False, "--json")) -> None:
     """Utilisation at 4 peers under a link cap, non-overlapped communication, bytes per peer at 2/4/8."""
     from gradnode.node import bench_swarm
 
     _load(config, set_)
+    _check_link(link, bandwidth)
     counts = [int(x) for x in sizes.split(",") if x.strip()]
-    result = bench_swarm.run(counts, rounds=rounds, bandwidth=bandwidth, config=config, overrides=list(set_ or []))
+    result = bench_swarm.run(counts, rounds=rounds, bandwidth=bandwidth, config=config, overrides=list(set_ or []),
+                             link=link)
     if as_json:
         typer.echo(json.dumps(result))
     else:

@@ -1,4 +1,4 @@
-"""`gradnode simulate`: a bootstrap and N peers as separate processes on 127.0.0.1, with a live view.
+"""`gradnode simulate`: a bootstrap and N peers as separate processes on this machine, with a live view.
 
 Every process is started through the real CLI (`gradnode bootstrap`, `gradnode join`) in its own
 session, and stopped by its PID (its process group: the peer, its DHT process and its libp2p
@@ -6,22 +6,35 @@ daemon) at the end, on an error, or on Ctrl+C. Peers report through files: a met
 round (the live view) and a summary JSON when they finish. A fault schedule (faults.py) kills,
 restarts, stops and starts peers late when the swarm reaches given rounds; a restarted peer runs
 the same command again and resumes from its checkpoint.
+
+With `--bandwidth RATE` every peer's link is capped by one of two shapers (`--link`):
+- `netns` (root only, node/netns.py): each peer runs in its own network namespace behind a veth with a
+  tc tbf qdisc each way; the kernel's TCP sees a real slow link. The bootstrap stays on the host.
+- `bucket`: everything on 127.0.0.1, and the transport paces its own bytes (`swarm.bandwidth`).
+`auto` picks netns where it works. Without `--bandwidth` nothing is capped and all runs on 127.0.0.1.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gradnode.node import netns
+
 log = logging.getLogger(__name__)
+
+LINKS = ("auto", "netns", "bucket")  # how --bandwidth caps links (module docstring)
 
 
 @dataclass
@@ -31,6 +44,7 @@ class SimSettings:
     config: Path | None
     out_dir: Path
     bandwidth: str | None = None
+    link: str = "auto"  # one of LINKS; only matters with a bandwidth
     overrides: list[str] = field(default_factory=list)
     peer_overrides: dict[int, list[str]] = field(default_factory=dict)
     timeout_s: float = 1800.0
@@ -40,11 +54,42 @@ class SimSettings:
     seed: int | None = None  # run.seed and the picks of '?' in the SPEC
 
 
-class Swarm:
-    """The processes of one simulated swarm; a context manager that always cleans up."""
+def resolve_link(link: str, bandwidth: str | None) -> str:
+    """The shaper a run will use: 'netns', 'bucket', or 'none' without a bandwidth. Raises ValueError
+    (before anything starts) for an unknown mode, or for 'netns' where namespaces cannot be made."""
+    if link not in LINKS:
+        raise ValueError(f"--link must be one of {', '.join(LINKS)}, not {link!r}")
+    if bandwidth is None:
+        if link == "netns":
+            raise ValueError("--link netns caps links at --bandwidth: give a rate too, e.g. --bandwidth 20mbit")
+        return "none"
+    if link == "bucket":
+        return "bucket"
+    ok, why = netns.available()
+    if link == "netns" and not ok:
+        raise ValueError(f"--link netns: network namespaces + tc cannot be used here ({why}); "
+                         "use --link bucket for the transport's token bucket")
+    return "netns" if ok else "bucket"
 
-    def __init__(self, s: SimSettings) -> None:
+
+def describe_link(link: str, s: SimSettings) -> str:
+    """One line for the log: which shaper caps the links and, where `auto` fell back to the token
+    bucket, why."""
+    if link == "netns":
+        return f"netns: {s.bandwidth} each way per peer, tc tbf on veths into per-peer network namespaces"
+    if link == "bucket":
+        why = "" if s.link == "bucket" else f" (network namespaces unavailable: {netns.available()[1]})"
+        return f"bucket: {s.bandwidth} each way per peer, token bucket in the transport{why}"
+    return "none: no --bandwidth, peers on 127.0.0.1 uncapped"
+
+
+class Swarm:
+    """The processes of one simulated swarm; a context manager that always cleans up. With `links`,
+    peer i runs inside namespace i and listens on its address there; the bootstrap on the host side."""
+
+    def __init__(self, s: SimSettings, links: netns.Links | None = None) -> None:
         self.s = s
+        self.links = links
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: list[Any] = []
         self.args: dict[str, list[str]] = {}  # the command of every peer, for restarts
@@ -61,14 +106,23 @@ class Swarm:
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         logf = open(self.s.out_dir / f"{name}.log", "a")
         self.logs.append(logf)
-        proc = subprocess.Popen([sys.executable, "-m", "gradnode.node.cli", *args], stdout=logf, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)
+        prefix = self.links.exec_prefix(_index(name)) if self.links and name != "bootstrap" else []
+        proc = subprocess.Popen([*prefix, sys.executable, "-m", "gradnode.node.cli", *args], stdout=logf,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self.procs[name] = proc
         log.info("started name=%s pid=%d", name, proc.pid)
         return proc
 
+    def _host_ip(self, name: str) -> str:
+        """Where a process listens: loopback, or with links its namespace's address (the bridge's for the
+        bootstrap)."""
+        if self.links is None:
+            return "127.0.0.1"
+        return self.links.host_ip if name == "bootstrap" else self.links.peers[_index(name)][1]
+
     def _common(self, name: str) -> list[str]:
-        args = ["--set", f"run.output_dir={self.s.out_dir / name}", "--set", "swarm.host_maddrs=['/ip4/127.0.0.1/tcp/0']"]
+        args = ["--set", f"run.output_dir={self.s.out_dir / name}",
+                "--set", f"swarm.host_maddrs=['/ip4/{self._host_ip(name)}/tcp/0']"]
         if self.s.config is not None:
             args += ["--config", str(self.s.config)]
         for o in self.s.overrides:
@@ -99,7 +153,7 @@ class Swarm:
                 "--set", f"swarm.min_peers={min_peers or self.s.peers}"]
         for m in initial:
             args += ["--initial-peer", m]
-        if self.s.bandwidth:
+        if self.s.bandwidth and self.links is None:  # with links tc caps it; shaping twice would halve it
             args += ["--set", f"swarm.bandwidth={self.s.bandwidth}"]
         evaluates = i == self.s.eval_index if self.s.eval_index is not None else i < self.s.eval_peers
         if not evaluates:
@@ -166,6 +220,10 @@ class Swarm:
             f.close()
 
 
+def _index(name: str) -> int:
+    return int(name.split("-")[1])  # "peer-3" -> 3
+
+
 def swarm_round(s: SimSettings) -> int:
     """The round the swarm trains now: one past the newest round any peer applied."""
     newest = -1
@@ -185,7 +243,7 @@ def _fire(swarm: Swarm, event: Any, round_: int) -> None:
     elif event.action == "restart":
         swarm.restart(event.target, round_)
     elif event.action == "join":
-        index = int(event.target.split("-")[1])
+        index = _index(event.target)
         live = [f for f in swarm.procs if f != "bootstrap" and swarm.running(f)]
         initial = list(swarm.initial)
         for other in live:
@@ -232,6 +290,7 @@ def run(s: SimSettings, *, live: bool = True, on_swarm: Any = None) -> dict[str,
 
     from gradnode.node import faults
 
+    link = resolve_link(s.link, s.bandwidth)  # may refuse: before any folder or process is made
     schedule = faults.parse(s.faults, s.peers, s.rounds, s.seed or 0)
     for index, sets in schedule.overrides.items():
         s.peer_overrides[index] = [*s.peer_overrides.get(index, []), *sets]
@@ -241,7 +300,11 @@ def run(s: SimSettings, *, live: bool = True, on_swarm: Any = None) -> dict[str,
     s.out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     pending = list(schedule.events)
-    with Swarm(s) as swarm:
+    log.info("link shaping: %s", describe_link(link, s))
+    with _sigterm_unwinds(), contextlib.ExitStack() as stack:
+        # exits in reverse: the processes are stopped before their namespaces go
+        links = stack.enter_context(netns.Links(s.peers, s.bandwidth)) if link == "netns" and s.bandwidth else None
+        swarm = stack.enter_context(Swarm(s, links))
         initial = swarm.start_bootstrap()
         swarm.initial = initial
         first = [i for i in range(s.peers) if i not in schedule.late]
@@ -267,7 +330,25 @@ def run(s: SimSettings, *, live: bool = True, on_swarm: Any = None) -> dict[str,
                 time.sleep(0.5)
             view.update(live_table(s, started), refresh=True)
         starts = dict(swarm.starts)
-    return collect(s, time.monotonic() - started, starts)
+    return {**collect(s, time.monotonic() - started, starts), "link": link}
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """SIGTERM raises SystemExit while the swarm runs, so that the `with` blocks stop the processes and
+    remove the namespaces, as on Ctrl+C (Python's default would exit without either)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def collect(s: SimSettings, seconds: float, starts: dict[str, list[int]] | None = None) -> dict[str, Any]:
@@ -333,7 +414,7 @@ def print_summary(summary: dict[str, Any]) -> None:
 
     t = Table(title=f"{summary['rounds']} rounds in {summary['seconds']}s; val loss "
                     f"{summary['val_loss_first']} -> {summary['val_loss_last']}; identical weights: "
-                    f"{summary['identical_hashes']}")
+                    f"{summary['identical_hashes']}; link shaping: {summary.get('link', 'none')}")
     for col in ("peer", "rounds", "final loss", "weights", "up MB", "down MB", "utilization", "rejected"):
         t.add_column(col, justify="right")
     for p in summary["peers"]:

@@ -4,8 +4,13 @@
    namespaces, or the transport's token bucket), overlapped exchange: time in inner steps / wall
    time, and the seconds per round the main loop waited for communication (the part not hidden
    behind compute).
+   Also where the rest of the wall time goes: main-thread seconds per round by phase (waiting for
+   the exchange, applying the outer step, encoding the update, ...), and the same for the chores
+   thread that reports hashes, offers state and writes checkpoints behind the inner steps.
 2. Traffic: bytes up and down per peer per round at each swarm size (a small model, so that 8 peers
-   fit on a laptop), with the largest single upload (gossip keeps the sender's upload from growing).
+   fit on a laptop), and of the upload, the copies of the peer's own update: all-to-all exchange
+   means every peer downloads N-1 updates, so mean upload = mean download grows with N; gossip keeps
+   each sender's upload of its own update about flat, the rest is relaying others' updates.
 """
 
 from __future__ import annotations
@@ -33,7 +38,13 @@ def _per_round(summary: dict[str, Any]) -> dict[str, Any]:
     rounds = max(1, summary["rounds"])
     up = [p["bytes_up"] / rounds for p in ok]
     down = [p["bytes_down"] / rounds for p in ok]
-    return {"peers": len(summary["peers"]), "finished": len(ok), "identical_hashes": summary["identical_hashes"],
+    own = [p.get("own_update_bytes_up", 0) / rounds for p in ok]
+    phases = sorted({k for p in ok for k in p.get("phase_s_per_round", {})})
+    return {"own_update_up_per_peer_round_mean": statistics.mean(own) if own else 0.0,
+            "own_update_up_per_peer_round_max": max(own, default=0.0),
+            "phase_s_per_round": {k: statistics.mean(p.get("phase_s_per_round", {}).get(k, 0.0) for p in ok)
+                                  for k in phases},
+            "peers": len(summary["peers"]), "finished": len(ok), "identical_hashes": summary["identical_hashes"],
             "up_per_peer_round_mean": statistics.mean(up) if up else 0.0, "up_per_peer_round_max": max(up, default=0),
             "down_per_peer_round_mean": statistics.mean(down) if down else 0.0,
             "utilization_mean": statistics.mean(p["utilization"] for p in ok) if ok else 0.0,
@@ -62,11 +73,18 @@ def print_result(result: dict[str, Any]) -> None:
                   f"utilization {u['utilization_mean']:.1%}, "
                   f"non-overlapped communication {u['comm_wait_s_per_round']:.2f} s/round, "
                   f"identical weights: {u['identical_hashes']}")
+    main = ("wait", "apply", "update", "chores_wait")
+    console.print("seconds per round outside the inner steps, main thread: " +
+                  ", ".join(f"{k} {v:.2f}" for k, v in u["phase_s_per_round"].items() if k in main) +
+                  "; chores thread (overlapped): " +
+                  ", ".join(f"{k} {v:.2f}" for k, v in u["phase_s_per_round"].items() if k not in main))
     t = Table(title="traffic per peer per round")
-    for col in ("peers", "up mean KB", "up max KB", "down mean KB", "identical"):
+    for col in ("peers", "up mean KB", "up max KB", "own update up mean KB", "own update up max KB", "down mean KB",
+                "identical"):
         t.add_column(col, justify="right")
     for row in result["traffic"]:
         t.add_row(str(row["peers"]), f"{row['up_per_peer_round_mean'] / 1e3:.1f}",
-                  f"{row['up_per_peer_round_max'] / 1e3:.1f}", f"{row['down_per_peer_round_mean'] / 1e3:.1f}",
+                  f"{row['up_per_peer_round_max'] / 1e3:.1f}", f"{row['own_update_up_per_peer_round_mean'] / 1e3:.1f}",
+                  f"{row['own_update_up_per_peer_round_max'] / 1e3:.1f}", f"{row['down_per_peer_round_mean'] / 1e3:.1f}",
                   str(row["identical_hashes"]))
     console.print(t)

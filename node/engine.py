@@ -52,6 +52,26 @@ class RoundStats:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """A checkpoint's content taken at one moment (Engine.snapshot), written by Engine.write_snapshot."""
+
+    round: int
+    state: dict[str, Any]
+    meta: dict[str, Any]
+
+
+def _deep_clone(obj: Any) -> Any:
+    """Tensors cloned, containers rebuilt, everything else shared (ints, strings are immutable)."""
+    if isinstance(obj, Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _deep_clone(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_deep_clone(v) for v in obj)
+    return obj
+
+
 def codec_params(cfg: Config) -> CodecParams:
     """The codec of ``cfg.outer.algorithm``: SparseLoCo compresses, DiLoCo sends dense fp32."""
     if cfg.outer.algorithm == "diloco":
@@ -251,10 +271,19 @@ class Engine:
 
     def save_checkpoint(self, directory: Path | str | None = None) -> Path:
         """Atomically save everything needed to continue; returns the checkpoint folder."""
-        directory = Path(directory) if directory is not None else self.cfg.run.output_dir / "checkpoints"
+        return self.write_snapshot(self.snapshot(copy=False), directory)
+
+    def snapshot(self, copy: bool = True) -> "Snapshot":
+        """What a checkpoint holds, as of now. ``copy``: deep-copied tensors, so that another thread can
+        write it while the inner steps go on (~4 bytes x 4 per parameter of memory, briefly)."""
+        state = self.state_dict()
         meta = {"run_id": self.cfg.run.run_id, "algorithm": self.cfg.outer.algorithm, "peer_index": self.peer_index,
                 "step": self.step}
-        return checkpoint.save(directory, self.round, self.state_dict(), meta, self.cfg.checkpoint.keep)
+        return Snapshot(self.round, _deep_clone(state) if copy else state, meta)
+
+    def write_snapshot(self, snap: "Snapshot", directory: Path | str | None = None) -> Path:
+        directory = Path(directory) if directory is not None else self.cfg.run.output_dir / "checkpoints"
+        return checkpoint.save(directory, snap.round, snap.state, snap.meta, self.cfg.checkpoint.keep)
 
     @classmethod
     def resume(cls, cfg: Config, directory: Path | str | None = None, peer_index: int = 0,

@@ -378,7 +378,9 @@ def collect(s: SimSettings, seconds: float, starts: dict[str, list[int]] | None 
                       "catchups": d.get("catchups", 0), "state_downloads": d.get("state_downloads", 0),
                       "rejected_state_offers": d.get("rejected_state_offers", 0),
                       "resumed_round": d.get("resumed_round"), "state_bytes_up": d.get("state_bytes_up", 0),
-                      "hashes": d["hashes"], **life})
+                      "own_update_bytes_up": d.get("own_update_bytes_up", 0),
+                      "contributed": d.get("contributed", 0), "abstained": d.get("abstained", 0),
+                      "phase_s_per_round": d.get("phase_s_per_round", {}), "hashes": d["hashes"], **life})
     rounds = max((p.get("rounds", 0) for p in peers), default=0)
     live = [p for p in peers if "error" not in p and p["rounds"] == rounds]
     losses = [r["loss"] for r in read_metrics(s.out_dir / f"peer-{s.eval_index or 0}" / "metrics.jsonl")

@@ -28,6 +28,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -120,6 +121,8 @@ class Peer:
         self.applied: dict[int, tuple[list[tuple[str, str]], int]] = {}  # round -> (included, bytes), reported
         self.sync_stats: Counter = Counter()
         self.phase_s: Counter = Counter()
+        self._chores = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chores")
+        self._chore: Future | None = None
         self.catchups = 0
         self.joined_round = 0
         self.first_contribution: int | None = None
@@ -216,6 +219,7 @@ class Peer:
         if pending is not None:
             self._finish(pending)
             self._after_round()
+        self._settle_chores()
         training_done.set()
         wall = time.monotonic() - t_start
         if self.saved_round != self.engine.round:
@@ -312,65 +316,97 @@ class Peer:
             self.engine.start[name].add_(t.to(self.engine.start[name].device, self.engine.start[name].dtype))
 
     def _after_round(self) -> None:
+        """Between rounds: hand this round's reports (weight hash, state offer, membership record,
+        checkpoint) to the chores thread, which runs them while the next round's inner steps compute.
+        Only snapshots cross over; a hash mismatch it finds is repaired here, at the next boundary."""
+        self._settle_chores()
+        report = None
         if self.sw.hash_check and self.applied:  # report only rounds this peer applied (or replayed) itself
-            with self._phase("hash_check"):
-                self._report_hash()
+            last = max(self.applied)
+            report = (last, *self.applied[last], self.hashes[last], self.hashes.get(last - 1))
+        offer = None
         if not self.sw.client_mode:  # nobody can fetch from a client-mode peer
-            with self._phase("offer_state"):
-                self._offer_state()
-        with self._phase("record"):
-            self._publish_member(training=True)
+            state = self.engine.shared_state()
+            if self.sw.fault == "tamper_state" and self.engine.round >= self.sw.fault_round:
+                state = _tampered(state)
+            offer = (state, self.engine.param_hash(), self.engine.round)
         every = self.cfg.checkpoint.every_rounds
-        if every and self.engine.round % every == 0:
-            with self._phase("checkpoint"):
-                self._save_checkpoint()
+        snap = self.engine.snapshot() if every and self.engine.round % every == 0 else None
+        self._chore = self._chores.submit(self._chores_job, report, offer, snap)
         keep = max(3, self.sw.catchup_rounds + 1)  # applied updates stay served for the catch-up window
         self.transport.blobs.drop(lambda n: not n.startswith("u/") or
                                   int(n.split("/")[2]) >= self.engine.round - keep)
         for r in [r for r in self.applied if r < self.engine.round - keep]:
             del self.applied[r]
 
-    def _report_hash(self) -> None:
-        """Publish the weight hash of our newest applied round; compare the round before with the majority."""
-        last = max(self.applied)
-        included, size = self.applied[last]
+    def _chores_job(self, report: tuple | None, offer: tuple | None, snap: Any) -> bool:
+        """The chores thread's work for one round; True when our previous round's hash lost the vote."""
+        mismatch = False
+        if report is not None:
+            with self._phase("hash_check"):
+                mismatch = self._report_hash(*report)
+        if offer is not None:
+            with self._phase("offer_state"):
+                self._offer_state(*offer)
+        with self._phase("record"):
+            self._publish_member(training=True)
+        if snap is not None:
+            with self._phase("checkpoint"):
+                self._save_checkpoint(snap)
+        return mismatch
+
+    def _settle_chores(self) -> None:
+        """Wait for the chores of the previous round (done long ago, normally); re-sync if they found our
+        weights off the majority."""
+        if self._chore is None:
+            return
+        t0 = time.monotonic()
+        try:
+            mismatch = self._chore.result()
+        except Exception:  # a bug there must not kill the peer; the next round reports again
+            log.exception("round chores failed")
+            mismatch = False
+        self._chore = None
+        self.phase_s["chores_wait"] += time.monotonic() - t0
+        if mismatch:
+            self._sync_state(reason="hash mismatch", force=True)
+
+    def _report_hash(self, last: int, included: list, size: int, param_hash: str, before: str | None) -> bool:
+        """Publish the weight hash of our newest applied round; True when the round before disagrees with
+        the majority."""
         # kept long enough for a peer that was away catchup_rounds rounds to read what it missed
         ttl = max(self.sw.record_ttl_s, 3.0 * self.sw.catchup_rounds * max(self._round_seconds(),
                                                                              self.sw.min_deadline_s))
         self.membership.write("weights", last, WeightHash(run_id=self.cfg.run.run_id, round=last,
-                                                          peer=self.identity.peer_id,
-                                                          param_hash=self.hashes[last], included=included,
-                                                          update_bytes=size), ttl=ttl)
-        if last - 1 in self.hashes:
-            self._check_hash(last - 1)
+                                                          peer=self.identity.peer_id, param_hash=param_hash,
+                                                          included=included, update_bytes=size), ttl=ttl)
+        if before is None:
+            return False
+        reports = self.membership.read("weights", last - 1, WeightHash)
+        found = majority_hash([r for r in reports if r.round == last - 1])
+        if found is None or found[0] == before:
+            return False
+        log.warning("weight hash of round=%d differs from the majority (%d peers): re-syncing", last - 1, found[1])
+        return True
 
-    def _offer_state(self) -> None:
-        """Serve the current state to joiners (chunked, hash-named) and publish its manifest."""
+    def _offer_state(self, state: dict[str, Any], param_hash: str, round_: int) -> None:
+        """Serve a state to joiners (chunked, hash-named) and publish its manifest."""
         from gradnode.node import statesync
 
-        state = self.engine.shared_state()
-        if self.sw.fault == "tamper_state" and self.engine.round >= self.sw.fault_round:
-            state = _tampered(state)
-        statesync.offer(state, self.engine.param_hash(), self.engine.round, transport=self.transport,
-                        membership=self.membership, cfg=self.sw, run_id=self.cfg.run.run_id)
+        statesync.offer(state, param_hash, round_, transport=self.transport, membership=self.membership, cfg=self.sw,
+                        run_id=self.cfg.run.run_id)
 
-    def _save_checkpoint(self) -> None:
-        """Disk full or folder unwritable: say so clearly and keep training on the state in memory."""
+    def _save_checkpoint(self, snap: Any = None) -> None:
+        """Write a checkpoint (of ``snap``, else of now). Disk full or folder unwritable: say so clearly and
+        keep training on the state in memory."""
+        snap = snap or self.engine.snapshot(copy=False)
         try:
-            self.engine.save_checkpoint(self.cfg.run.output_dir / "checkpoints")
-            self.saved_round = self.engine.round
+            self.engine.write_snapshot(snap, self.cfg.run.output_dir / "checkpoints")
+            self.saved_round = snap.round
         except OSError as err:
             log.error("checkpoint of round=%d not written (%s: %s); training goes on from memory, fix the folder "
-                      "%s or run.output_dir", self.engine.round, type(err).__name__, err.strerror or err,
+                      "%s or run.output_dir", snap.round, type(err).__name__, err.strerror or err,
                       self.cfg.run.output_dir / "checkpoints")
-
-    def _check_hash(self, round_: int) -> None:
-        reports = self.membership.read("weights", round_, WeightHash)
-        found = majority_hash([r for r in reports if r.round == round_])
-        if found is None or found[0] == self.hashes[round_]:
-            return
-        log.warning("weight hash of round=%d differs from the majority (%d peers): re-syncing", round_, found[1])
-        self._sync_state(reason="hash mismatch", force=True)
 
     def _sync_state(self, reason: str, force: bool = False) -> None:
         """Adopt the swarm's newest agreed state when it is ahead of ours (or when ``force``): replay the

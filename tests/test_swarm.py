@@ -26,3 +26,19 @@ def test_honest_peers_agree_and_bad_updates_are_rejected(run_swarm, metrics_of) 
     for row in metrics_of(summary, 0)[1:]:
         assert corrupt not in row["senders"] and forger not in row["senders"]
         assert {honest[1]["peer"], honest[2]["peer"]} <= set(row["senders"])
+
+
+def test_bench_swarm_reports_utilisation_phases_and_own_upload() -> None:
+    from gradnode.node import bench_swarm
+    from conftest import TINY_SWARM
+
+    result = bench_swarm.run([3], rounds=3, bandwidth="50mbit", config=None, overrides=TINY_SWARM, link="bucket")
+    util, (traffic,) = result["utilization_4_peers"], result["traffic"]
+    assert result["link"] == "bucket" and util["identical_hashes"] and traffic["identical_hashes"]
+    assert 0.0 < util["utilization_mean"] <= 1.0
+    assert {"wait", "apply", "update", "record"} <= set(util["phase_s_per_round"])
+    assert all(v >= 0.0 for v in util["phase_s_per_round"].values())
+    # every peer downloads the 2 others' updates each round; what it uploads is its own update plus relays
+    assert traffic["down_per_peer_round_mean"] > 0
+    assert 0 < traffic["own_update_up_per_peer_round_mean"] <= traffic["up_per_peer_round_mean"]
+    assert traffic["up_per_peer_round_mean"] == pytest.approx(traffic["down_per_peer_round_mean"], rel=0.05)

@@ -185,10 +185,11 @@ class SwarmConfig(_Section):
     push_peers: int = Field(2, ge=1, le=64,
                             description="Reachable peers a client-mode peer pushes each of its updates to; they "
                                         "verify, hold and serve it for everyone else.")
-    fault: Literal["none", "corrupt", "forge", "tamper_state"] = Field(
+    fault: Literal["none", "corrupt", "forge", "tamper_state", "drift"] = Field(
         "none", description="Testing aid: 'corrupt' flips bytes of this peer's updates, 'forge' signs them with "
                             "another key, 'tamper_state' offers altered weights under the honest hash; honest "
-                            "peers must reject them.")
+                            "peers must reject them. 'drift' nudges this peer's own weights once (at "
+                            "fault_round): its hash check must notice and re-sync it from the majority.")
     fault_round: int = Field(1, ge=0, le=2**40, description="Testing aid: the round from which swarm.fault applies.")
     slowdown: float = Field(1.0, ge=1.0, le=100.0,
                             description="Testing aid: make every inner step this many times slower (sleep).")

@@ -123,6 +123,7 @@ class Peer:
         self.phase_s: Counter = Counter()
         self._chores = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chores")
         self._chore: Future | None = None
+        self._trusted_from = 0  # rounds before this were replaced by a re-sync: their hash checks are moot
         self.catchups = 0
         self.joined_round = 0
         self.first_contribution: int | None = None
@@ -287,6 +288,8 @@ class Peer:
             log.warning("round=%d outcome dropped: engine moved to round=%d", ex.round, self.engine.round)
             return
         self.engine.apply_aggregate(outcome.updates, outcome.weights)
+        if self.sw.fault == "drift" and ex.round == self.sw.fault_round:
+            self.engine.global_params[self.engine.names[0]].add_(1e-3)  # testing aid: silently diverge once
         self.last_senders = list(outcome.senders)
         included = [(s, ex.verified[s].digest) for s in outcome.senders]
         sizes = [len(self.transport.blobs.get(update_name(self.cfg.run.run_id, ex.round, s)) or b"")
@@ -339,9 +342,9 @@ class Peer:
         for r in [r for r in self.applied if r < self.engine.round - keep]:
             del self.applied[r]
 
-    def _chores_job(self, report: tuple | None, offer: tuple | None, snap: Any) -> bool:
-        """The chores thread's work for one round; True when our previous round's hash lost the vote."""
-        mismatch = False
+    def _chores_job(self, report: tuple | None, offer: tuple | None, snap: Any) -> int | None:
+        """The chores thread's work for one round; the round whose hash lost the vote, if ours did."""
+        mismatch = None
         if report is not None:
             with self._phase("hash_check"):
                 mismatch = self._report_hash(*report)
@@ -368,12 +371,14 @@ class Peer:
             mismatch = False
         self._chore = None
         self.phase_s["chores_wait"] += time.monotonic() - t0
-        if mismatch:
+        # a round before our last re-sync was checked on weights we have replaced since: nothing to repair
+        if mismatch is not None and mismatch >= self._trusted_from:
+            log.warning("weight hash of round=%d differs from the majority: re-syncing", mismatch)
             self._sync_state(reason="hash mismatch", force=True)
 
-    def _report_hash(self, last: int, included: list, size: int, param_hash: str, before: str | None) -> bool:
-        """Publish the weight hash of our newest applied round; True when the round before disagrees with
-        the majority."""
+    def _report_hash(self, last: int, included: list, size: int, param_hash: str, before: str | None) -> int | None:
+        """Publish the weight hash of our newest applied round; the round before when our hash of it
+        disagrees with the majority."""
         # kept long enough for a peer that was away catchup_rounds rounds to read what it missed
         ttl = max(self.sw.record_ttl_s, 3.0 * self.sw.catchup_rounds * max(self._round_seconds(),
                                                                              self.sw.min_deadline_s))
@@ -381,13 +386,12 @@ class Peer:
                                                           peer=self.identity.peer_id, param_hash=param_hash,
                                                           included=included, update_bytes=size), ttl=ttl)
         if before is None:
-            return False
+            return None
         reports = self.membership.read("weights", last - 1, WeightHash)
         found = majority_hash([r for r in reports if r.round == last - 1])
         if found is None or found[0] == before:
-            return False
-        log.warning("weight hash of round=%d differs from the majority (%d peers): re-syncing", last - 1, found[1])
-        return True
+            return None
+        return last - 1
 
     def _offer_state(self, state: dict[str, Any], param_hash: str, round_: int) -> None:
         """Serve a state to joiners (chunked, hash-named) and publish its manifest."""
@@ -439,6 +443,7 @@ class Peer:
         _, manifest = got
         self.resyncs += force
         self.hashes[self.engine.round - 1] = manifest.param_hash
+        self._trusted_from = self.engine.round - 1
         self.last_senders = self._agreed_senders(self.engine.round - 1)
         log.info("state adopted reason=%s round=%d from=%s hash=%s", reason, self.engine.round,
                  manifest.peer[:12], manifest.param_hash[:12])
@@ -631,15 +636,20 @@ class _Deadline:
         peer = self.peer
         if now >= self.next_poll:
             self.next_poll = now + 0.5
-            dht_now = peer.transport.now()
-            for ann in peer.membership.read("updates", self.round, UpdateAnnouncement):
-                # when it was announced, not when we first looked: a peer that joined or fell behind
-                # sees the deadline already passed and cuts its round short to catch up
-                age = min(max(0.0, dht_now - ann.time), 600.0)
-                self.seen.setdefault(ann.sender, now - age)
-            self.live = 1 + sum(1 for p, m in peer.membership.members().items()
-                                if m.training and p != peer.identity.peer_id and m.round >= self.round - 1)
+            with peer._phase("deadline_poll"):
+                self._poll(now)
         return deadline_from(self.seen, self.live, self.window, peer.sw)
+
+    def _poll(self, now: float) -> None:
+        peer = self.peer
+        dht_now = peer.transport.now()
+        for ann in peer.membership.read("updates", self.round, UpdateAnnouncement):
+            # when it was announced, not when we first looked: a peer that joined or fell behind
+            # sees the deadline already passed and cuts its round short to catch up
+            age = min(max(0.0, dht_now - ann.time), 600.0)
+            self.seen.setdefault(ann.sender, now - age)
+        self.live = 1 + sum(1 for p, m in peer.membership.members().items()
+                            if m.training and p != peer.identity.peer_id and m.round >= self.round - 1)
 
 
 class _StopTime:

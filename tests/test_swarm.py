@@ -42,3 +42,13 @@ def test_bench_swarm_reports_utilisation_phases_and_own_upload() -> None:
     assert traffic["down_per_peer_round_mean"] > 0
     assert 0 < traffic["own_update_up_per_peer_round_mean"] <= traffic["up_per_peer_round_mean"]
     assert traffic["up_per_peer_round_mean"] == pytest.approx(traffic["down_per_peer_round_mean"], rel=0.05)
+
+
+def test_a_diverged_peer_is_noticed_and_resynced(run_swarm) -> None:
+    # peer 2 nudges its own weights once after round 1: the chores thread's hash check finds it off the
+    # majority and it re-syncs at the next round boundary, so all end on one hash
+    summary = run_swarm(peers=3, rounds=6, peer_overrides={2: ["swarm.fault=drift", "swarm.fault_round=1"]})
+    honest, _, drifted = summary["peers"]
+    assert drifted["hashes"]["1"] != honest["hashes"]["1"]
+    assert drifted["resyncs"] == 1 and honest["resyncs"] == 0
+    assert summary["identical_hashes"] and drifted["param_hash"] == honest["param_hash"]

@@ -52,9 +52,11 @@ class BenchSettings:
     seed: int = 0
     eval_every: int = 3
     eval_batches: int = 16
-    diloco_lr: float = 0.3  # measured best of 0.15, 0.3, 0.7, 1.0 (see node/QUALITY.md)
+    inner_lr: float = 1.5e-3  # measured best for all three algorithms of 1e-3, 1.5e-3, 2e-3, 3e-3, 6e-3 (QUALITY.md)
+    diloco_lr: float = 0.5  # measured best of 0.2, 0.3, 0.5, 0.7 at inner lr 1.5e-3 (see node/QUALITY.md)
     diloco_momentum: float = 0.9
     sparseloco_lr: float = 1.0
+    ef_beta: float = 0.9  # SparseLoCo's error-feedback decay: measured 0.8 ~ 0.9 < 0.95
     aggregation: str = "coord_mean"  # measured: beats "mean" (see node/QUALITY.md)
     clip_to_median: bool = True
     device: str | None = None
@@ -93,11 +95,12 @@ def bench_config(s: BenchSettings, algorithm: str) -> Config:
     elif algorithm == "diloco":
         outer |= {"algorithm": "diloco", "lr": s.diloco_lr, "momentum": s.diloco_momentum, "nesterov": True}
     else:
-        outer |= {"algorithm": "sparseloco", "lr": s.sparseloco_lr, "momentum": 0.0}
+        outer |= {"algorithm": "sparseloco", "lr": s.sparseloco_lr, "momentum": 0.0, "ef_beta": s.ef_beta}
         codec["index_coding"] = algorithm.removeprefix("sparseloco-")
     tree = {"run": {"run_id": "bench-quality", "seed": s.seed}, "rounds": s.rounds,
             "model": dict(base["model"]),
-            "inner": {**base["inner"], "steps": s.inner_steps, "warmup_steps": min(50, s.rounds * s.inner_steps // 10)},
+            "inner": {**base["inner"], "steps": s.inner_steps, "lr": s.inner_lr,
+                      "warmup_steps": min(50, s.rounds * s.inner_steps // 10)},
             "outer": outer, "codec": codec, "checkpoint": {"every_rounds": 0}}
     for dotted, value in s.overrides.items():
         node = tree

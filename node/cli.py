@@ -347,8 +347,11 @@ def bench_quality_cmd(
                                                           "in all), medium or large."),
         algorithms: Optional[list[str]] = typer.Option(None, "--algorithm", "-a", help="Run only these "
                                                        "(repeatable): ddp, diloco, sparseloco-packed12, sparseloco-rice."),
+        inner_lr: float = typer.Option(1.5e-3, "--inner-lr", help="Peak inner AdamW lr, every algorithm "
+                                       "(measured best for each)."),
         sparseloco_lr: float = typer.Option(1.0, "--sparseloco-lr", help="Outer learning rate of SparseLoCo."),
-        diloco_lr: float = typer.Option(0.3, "--diloco-lr", help="Outer learning rate of DiLoCo (measured best)."),
+        ef_beta: float = typer.Option(0.9, "--ef-beta", help="SparseLoCo error-feedback decay (measured best)."),
+        diloco_lr: float = typer.Option(0.5, "--diloco-lr", help="Outer learning rate of DiLoCo (measured best)."),
         aggregation: str = typer.Option("coord_mean", "--aggregation", help="SparseLoCo/DiLoCo aggregation: "
                                         "coord_mean (measured best) or mean."),
         seed: int = typer.Option(0, "--seed", min=0),
@@ -373,7 +376,8 @@ def bench_quality_cmd(
         typer.echo("--aggregation must be mean or coord_mean", err=True)
         raise typer.Exit(2)
     settings = bq.BenchSettings(replicas=replicas, rounds=rounds, inner_steps=inner_steps, size=size, seed=seed,
-                                sparseloco_lr=sparseloco_lr, diloco_lr=diloco_lr, aggregation=aggregation,
+                                inner_lr=inner_lr, sparseloco_lr=sparseloco_lr, ef_beta=ef_beta, diloco_lr=diloco_lr,
+                                aggregation=aggregation,
                                 device=device)
     try:
         settings.overrides = dict(parse_override(o) for o in set_ or [])

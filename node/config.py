@@ -182,6 +182,12 @@ class SwarmConfig(_Section):
     state_upload_slots: int = Field(4, ge=1, le=1024,
                                     description="State chunks this peer uploads at once; further requests get "
                                                 "'busy' and go to another donor (joiners spread over donors).")
+    own_update_copies: int = Field(2, ge=0, le=1024,
+                                   description="Copies of its own update a peer serves before answering 'busy' "
+                                               "for a moment, so that the others fetch from those who have it "
+                                               "(gossip: the sender's upload stays flat as the swarm grows); after "
+                                               "half of swarm.min_deadline_s (at most 2 s) it serves anyone. "
+                                               "0: no cap.")
     push_peers: int = Field(2, ge=1, le=64,
                             description="Reachable peers a client-mode peer pushes each of its updates to; they "
                                         "verify, hold and serve it for everyone else.")

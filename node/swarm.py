@@ -31,7 +31,7 @@ from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from gradnode.node.config import Config
 from gradnode.node.exchange import Outcome, Rejections, RoundExchange, check_update, deadline_from
@@ -198,7 +198,11 @@ class Peer:
             if computing + 1 < target and self._too_late_for(computing):
                 skipped, computing = computing, computing + 1
                 self._abstain(skipped)
-            stats = self.engine.inner_round(should_stop=self._round_clock(computing))
+            clock = self._round_clock(computing)
+            try:
+                stats = self.engine.inner_round(should_stop=clock)
+            finally:
+                clock.close()
             self.inner_s += stats.seconds
             self.last_steps, self.last_tokens = stats.steps, stats.tokens
             if stats.steps:
@@ -515,28 +519,11 @@ class Peer:
         own = self.step_s * self.cfg.inner.steps
         return self.membership.round_seconds(own or self.sw.min_deadline_s)
 
-    def _round_clock(self, round_: int) -> Callable[[], bool]:
+    def _round_clock(self, round_: int) -> "_RoundClock":
         """should_stop for inner steps: stop on a signal, or when one more step would end after this peer's
-        stop time for ``round_`` (a slow peer runs fewer steps instead of stalling the others)."""
-        state = {"steps": 0, "last": time.monotonic(), "step_s": self.step_s}
-        stop_time = _StopTime(self, round_)
-
-        def should_stop() -> bool:
-            now = time.monotonic()
-            if self.sw.slowdown > 1 and state["steps"]:
-                time.sleep((self.sw.slowdown - 1) * (now - state["last"]))
-                now = time.monotonic()
-            if state["steps"]:
-                state["step_s"] = now - state["last"]
-            state["last"] = now
-            state["steps"] += 1
-            if self.stop.is_set():
-                return True
-            if state["steps"] <= self.sw.min_steps:
-                return False
-            stop_at = stop_time(now)
-            return stop_at is not None and now + state["step_s"] > stop_at
-        return should_stop
+        stop time for ``round_`` (a slow peer runs fewer steps instead of stalling the others). The DHT
+        is read by a watcher thread, never between two steps: inner steps only compute."""
+        return _RoundClock(self, _StopTime(self, round_))
 
     def _too_late_for(self, round_: int) -> bool:
         """True when round ``round_``'s deadline is already running and nearer than our fewest steps:
@@ -544,7 +531,10 @@ class Peer:
         if not self.step_s:
             return False
         now = time.monotonic()
-        stop_at = _StopTime(self, round_, predict=False)(now)
+        stop_time = _StopTime(self, round_, predict=False)
+        with self._phase("deadline_poll"):
+            stop_time.refresh(now)
+        stop_at = stop_time(now)
         return stop_at is not None and now + self.sw.min_steps * self.step_s > stop_at
 
     def _wait_for_peers(self) -> None:
@@ -623,24 +613,18 @@ class Peer:
 
 
 class _Deadline:
-    """The swarm's deadline of one round as a peer sees it, from the DHT's announcements (re-read at most
-    every 0.5 s); None until half the live training peers have announced."""
+    """The swarm's deadline of one round as a peer sees it, from the DHT's announcements; None until
+    half the live training peers have announced. ``poll`` reads the DHT, calling the object does not."""
 
     def __init__(self, peer: Peer, round_: int, window: float) -> None:
         self.peer, self.round, self.window = peer, round_, window
         self.seen: dict[str, float] = {}
         self.live = 1
-        self.next_poll = 0.0
 
-    def __call__(self, now: float) -> float | None:
-        peer = self.peer
-        if now >= self.next_poll:
-            self.next_poll = now + 0.5
-            with peer._phase("deadline_poll"):
-                self._poll(now)
-        return deadline_from(self.seen, self.live, self.window, peer.sw)
+    def __call__(self) -> float | None:
+        return deadline_from(self.seen, self.live, self.window, self.peer.sw)
 
-    def _poll(self, now: float) -> None:
+    def poll(self, now: float) -> None:
         peer = self.peer
         dht_now = peer.transport.now()
         for ann in peer.membership.read("updates", self.round, UpdateAnnouncement):
@@ -664,15 +648,66 @@ class _StopTime:
         self.round_s = round_s
         self.current = _Deadline(peer, round_, round_s)
         self.previous = _Deadline(peer, round_ - 1, round_s) if predict and round_ > 0 else None
+        self._lock = threading.Lock()
+
+    def refresh(self, now: float) -> None:
+        """Re-read the DHT (the watcher thread does this every 0.5 s during inner steps)."""
+        with self._lock:
+            self.current.poll(now)
+            if self.previous is not None and self.current() is None:
+                self.previous.poll(now)
 
     def __call__(self, now: float) -> float | None:
-        deadline = self.current(now)
-        if deadline is not None:
-            return deadline - 0.5 * (deadline - min(self.current.seen.values()))
-        before = self.previous(now) if self.previous is not None else None
+        with self._lock:
+            deadline = self.current()
+            if deadline is not None:
+                return deadline - 0.5 * (deadline - min(self.current.seen.values()))
+            before = self.previous() if self.previous is not None else None
         if before is None:
             return None
         return before + self.round_s - 0.5 * self.window
+
+
+class _RoundClock:
+    """should_stop of one inner round (see Peer._round_clock), with the thread that keeps its stop time
+    fresh from the DHT; ``close()`` when the round ends."""
+
+    POLL_S = 0.5
+
+    def __init__(self, peer: Peer, stop_time: _StopTime) -> None:
+        self.peer, self.stop_time = peer, stop_time
+        self.steps, self.last, self.step_s = 0, time.monotonic(), peer.step_s
+        self._closed = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="round-clock", daemon=True)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        while not self._closed.is_set():
+            try:
+                self.stop_time.refresh(time.monotonic())
+            except Exception as err:  # a DHT hiccup: keep the last view, try again
+                log.debug("deadline poll failed: %r", err)
+            self._closed.wait(self.POLL_S)
+
+    def close(self) -> None:
+        self._closed.set()
+
+    def __call__(self) -> bool:
+        peer = self.peer
+        now = time.monotonic()
+        if peer.sw.slowdown > 1 and self.steps:
+            time.sleep((peer.sw.slowdown - 1) * (now - self.last))
+            now = time.monotonic()
+        if self.steps:
+            self.step_s = now - self.last
+        self.last = now
+        self.steps += 1
+        if peer.stop.is_set():
+            return True
+        if self.steps <= peer.sw.min_steps:
+            return False
+        stop_at = self.stop_time(now)
+        return stop_at is not None and now + self.step_s > stop_at
 
 
 def _tampered(state: dict[str, Any]) -> dict[str, Any]:

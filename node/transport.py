@@ -108,6 +108,7 @@ class Transport:
         self.bytes_down = 0
         self.upload_slots = upload_slots  # concurrent uploads per blob; more get 'busy' and go elsewhere
         self._serving: dict[str, int] = {}
+        self._own_served: dict[str, tuple[int, float]] = {}  # own update name -> (copies, first served at)
         self._state_uploads = 0  # state chunks being uploaded now (bounded by cfg.state_upload_slots)
         self.state_bytes_up = 0  # of bytes_up, state chunks served to joiners
         self.own_update_bytes_up = 0  # of bytes_up, copies of this peer's own updates (served or pushed)
@@ -226,7 +227,8 @@ class Transport:
             is_state = data is not None and name.startswith("s/")
             own = data is not None and name.startswith("u/") and name.endswith("/" + self.peer_id)
             busy = data is not None and (self._serving.get(name, 0) >= self.upload_slots or
-                                         (is_state and self._state_uploads >= self.cfg.state_upload_slots))
+                                         (is_state and self._state_uploads >= self.cfg.state_upload_slots) or
+                                         (own and self._own_copies_spent(name)))
             self.busy_refusals += busy
             if data is None or busy:
                 writer.write(_HEADER.pack(0 if data is None else 2, 0))
@@ -244,6 +246,20 @@ class Transport:
             log.debug("serve aborted peer=%s error=%r", info.peer_id, err)
         finally:
             writer.close()
+
+    def _own_copies_spent(self, name: str) -> bool:
+        """Gossip for our own updates: after ``own_update_copies`` copies, answer 'busy' for a short grace
+        so that fetchers turn to the peers that already hold it; after the grace, serve anyone (nobody
+        may be left without it). Counts the copy when it is served."""
+        cap = self.cfg.own_update_copies
+        now = time.monotonic()
+        copies, first = self._own_served.get(name, (0, now))
+        if cap and copies >= cap and now - first < min(2.0, 0.5 * self.cfg.min_deadline_s):
+            return True
+        if len(self._own_served) > 256:  # forget blobs no longer held
+            self._own_served = {n: v for n, v in self._own_served.items() if self.blobs.get(n) is not None}
+        self._own_served[name] = (copies + 1, first)
+        return False
 
     async def _send(self, writer: asyncio.StreamWriter, data: bytes, *, is_state: bool = False,
                     own: bool = False) -> None:
@@ -318,6 +334,9 @@ class Transport:
             listed = sources() if callable(sources) else sources
             order = [s for s in listed if s[0] != me]
             random.shuffle(order)
+            # an update's own sender last: it serves a few copies, the rest spreads from those (gossip)
+            origin = name.rsplit("/", 1)[-1] if name.startswith("u/") else None
+            order.sort(key=lambda s: s[0] == origin)
             for peer, addrs in order:
                 left = deadline - time.monotonic()
                 if left <= 0:

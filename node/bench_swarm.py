@@ -3,7 +3,8 @@
 1. Utilisation: 4 peers on the given config with every link capped (`--link`: tc tbf in network
    namespaces, or the transport's token bucket), overlapped exchange: time in inner steps / wall
    time, and the seconds per round the main loop waited for communication (the part not hidden
-   behind compute).
+   behind compute); also both without the run's end, where the last round's exchange has no next
+   round to overlap with (a pipeline drain every finite run pays once).
    Also where the rest of the wall time goes: main-thread seconds per round by phase (waiting for
    the exchange, applying the outer step, encoding the update, ...), and the same for the chores
    thread that reports hashes, offers state and writes checkpoints behind the inner steps.
@@ -48,7 +49,9 @@ def _per_round(summary: dict[str, Any]) -> dict[str, Any]:
             "up_per_peer_round_mean": statistics.mean(up) if up else 0.0, "up_per_peer_round_max": max(up, default=0),
             "down_per_peer_round_mean": statistics.mean(down) if down else 0.0,
             "utilization_mean": statistics.mean(p["utilization"] for p in ok) if ok else 0.0,
-            "comm_wait_s_per_round": statistics.mean(p["comm_wait_s_per_round"] for p in ok) if ok else 0.0}
+            "comm_wait_s_per_round": statistics.mean(p["comm_wait_s_per_round"] for p in ok) if ok else 0.0,
+            "utilization_steady_mean": statistics.mean(p["utilization_steady"] for p in ok) if ok else 0.0,
+            "comm_wait_s_per_round_steady": statistics.mean(p["comm_wait_s_per_round_steady"] for p in ok) if ok else 0.0}
 
 
 def run(sizes: list[int], *, rounds: int, bandwidth: str, config: Path | None, overrides: list[str],
@@ -73,6 +76,9 @@ def print_result(result: dict[str, Any]) -> None:
                   f"utilization {u['utilization_mean']:.1%}, "
                   f"non-overlapped communication {u['comm_wait_s_per_round']:.2f} s/round, "
                   f"identical weights: {u['identical_hashes']}")
+    console.print(f"  without the run's end (the last round's exchange has nothing to overlap with): utilization "
+                  f"{u['utilization_steady_mean']:.1%}, non-overlapped communication "
+                  f"{u['comm_wait_s_per_round_steady']:.2f} s/round")
     main = ("wait", "apply", "update", "chores_wait")
     console.print("seconds per round outside the inner steps, main thread: " +
                   ", ".join(f"{k} {v:.2f}" for k, v in u["phase_s_per_round"].items() if k in main) +

@@ -374,6 +374,8 @@ def collect(s: SimSettings, seconds: float, starts: dict[str, list[int]] | None 
                       "rounds": d["rounds"], "bytes_up": d["bytes_up"], "bytes_down": d["bytes_down"],
                       "utilization": round(d["utilization"], 4), "rejected_updates": d["rejected_updates"],
                       "comm_wait_s_per_round": round(d["comm_wait_s_per_round"], 4), "resyncs": d["resyncs"],
+                      "utilization_steady": round(d.get("utilization_steady", 0.0), 4),
+                      "comm_wait_s_per_round_steady": round(d.get("comm_wait_s_per_round_steady", 0.0), 4),
                       "own_excluded": d["own_excluded"], "rejected_by_sender": d["rejected_by_sender"],
                       "catchups": d.get("catchups", 0), "state_downloads": d.get("state_downloads", 0),
                       "rejected_state_offers": d.get("rejected_state_offers", 0),

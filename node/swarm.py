@@ -53,8 +53,11 @@ class PeerSummary:
     param_hash: str
     bytes_up: int
     bytes_down: int
-    utilization: float
+    utilization: float  # time in inner steps / wall time of the training loop
     comm_wait_s_per_round: float
+    # the same without the end of the run, when the last round's exchange has nothing left to overlap with
+    utilization_steady: float
+    comm_wait_s_per_round_steady: float
     rejected_updates: int
     rejected_by_sender: dict[str, dict[str, int]] = field(default_factory=dict)
     resyncs: int = 0
@@ -108,6 +111,7 @@ class Peer:
         self.abstained = 0
         self.inner_s = 0.0
         self.wait_s = 0.0
+        self.drain_s = self.drain_wait_s = 0.0
         self.step_s = 0.0
         self.last_loss: float | None = None
         self.val_first: float | None = None
@@ -221,10 +225,13 @@ class Peer:
                 self._finish(pending)
                 pending = None
             self._after_round()
+        # the pipeline drains: the last round's exchange has no next round to hide behind (once per run)
+        drain_t0, wait_before = time.monotonic(), self.wait_s
         if pending is not None:
             self._finish(pending)
             self._after_round()
         self._settle_chores()
+        self.drain_s, self.drain_wait_s = time.monotonic() - drain_t0, self.wait_s - wait_before
         training_done.set()
         wall = time.monotonic() - t_start
         if self.saved_round != self.engine.round:
@@ -600,6 +607,8 @@ class Peer:
                            bytes_down=self.transport.bytes_down,
                            utilization=self.inner_s / wall if wall > 0 else 0.0,
                            comm_wait_s_per_round=self.wait_s / max(1, self.rounds_done),
+                           utilization_steady=self.inner_s / (wall - self.drain_s) if wall > self.drain_s else 0.0,
+                           comm_wait_s_per_round_steady=(self.wait_s - self.drain_wait_s) / max(1, self.rounds_done - 1),
                            rejected_updates=self.rejections.total(),
                            rejected_by_sender=self.rejections.by_sender(), resyncs=self.resyncs,
                            own_excluded=self.own_excluded, contributed=self.contributed,

@@ -31,7 +31,7 @@ from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gradnode.node.config import Config
 from gradnode.node.exchange import Outcome, Rejections, RoundExchange, check_update, deadline_from
@@ -39,6 +39,9 @@ from gradnode.node.identity import Identity, load_or_create
 from gradnode.node.membership import Membership
 from gradnode.node.transport import Transport
 from gradnode.protocol.records import Proposal, UpdateAnnouncement, WeightHash, majority_hash, update_name
+
+if TYPE_CHECKING:
+    from gradnode.node.engine import Snapshot  # torch: imported by the training loop only, not by `--help`
 
 log = logging.getLogger(__name__)
 
@@ -353,7 +356,7 @@ class Peer:
         for r in [r for r in self.applied if r < self.engine.round - keep]:
             del self.applied[r]
 
-    def _chores_job(self, report: tuple | None, offer: tuple | None, snap: Any) -> int | None:
+    def _chores_job(self, report: tuple | None, offer: tuple | None, snap: Snapshot | None) -> int | None:
         """The chores thread's work for one round; the round whose hash lost the vote, if ours did."""
         mismatch = None
         if report is not None:
@@ -379,7 +382,7 @@ class Peer:
             mismatch = self._chore.result()
         except Exception:  # a bug there must not kill the peer; the next round reports again
             log.exception("round chores failed")
-            mismatch = False
+            mismatch = None
         self._chore = None
         self.phase_s["chores_wait"] += time.monotonic() - t0
         # a round before our last re-sync was checked on weights we have replaced since: nothing to repair
@@ -411,7 +414,7 @@ class Peer:
         statesync.offer(state, param_hash, round_, transport=self.transport, membership=self.membership, cfg=self.sw,
                         run_id=self.cfg.run.run_id)
 
-    def _save_checkpoint(self, snap: Any = None) -> None:
+    def _save_checkpoint(self, snap: Snapshot | None = None) -> None:
         """Write a checkpoint (of ``snap``, else of now). Disk full or folder unwritable: say so clearly and
         keep training on the state in memory."""
         snap = snap or self.engine.snapshot(copy=False)

@@ -52,3 +52,29 @@ def test_a_diverged_peer_is_noticed_and_resynced(run_swarm) -> None:
     assert drifted["hashes"]["1"] != honest["hashes"]["1"]
     assert drifted["resyncs"] == 1 and honest["resyncs"] == 0
     assert summary["identical_hashes"] and drifted["param_hash"] == honest["param_hash"]
+
+
+def test_a_failed_chores_job_is_logged_not_taken_for_a_hash_mismatch(tmp_path) -> None:
+    from concurrent.futures import Future
+
+    from gradnode.node.config import load_config
+    from gradnode.node.swarm import Peer
+
+    peer = Peer(load_config(None, {"run.output_dir": str(tmp_path)}))
+    synced = []
+    peer._sync_state = lambda reason, force=False: synced.append(reason)  # would re-sync on a mismatch
+    for outcome in (RuntimeError("chores bug"), None, 3):
+        job: Future = Future()
+        if isinstance(outcome, Exception):
+            job.set_exception(outcome)
+        else:
+            job.set_result(outcome)
+        peer._chore = job
+        peer._settle_chores()
+        assert peer._chore is None
+    assert synced == ["hash mismatch"]  # only the real mismatch (round 3) re-syncs
+    peer._trusted_from = 5
+    peer._chore = Future()
+    peer._chore.set_result(3)  # checked before a re-sync that replaced round 3: moot
+    peer._settle_chores()
+    assert synced == ["hash mismatch"]

@@ -185,7 +185,7 @@ class SwarmConfig(_Section):
     own_update_copies: int = Field(2, ge=0, le=1024,
                                    description="Copies of its own update a peer serves before answering 'busy' "
                                                "for a moment, so that the others fetch from those who have it "
-                                               "(gossip: the sender's upload stays flat as the swarm grows); after "
+                                               "(gossip: bounds the sender's upload of its own update); after "
                                                "half of swarm.min_deadline_s (at most 2 s) it serves anyone. "
                                                "0: no cap.")
     push_peers: int = Field(2, ge=1, le=64,

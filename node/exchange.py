@@ -185,9 +185,7 @@ class RoundExchange(threading.Thread):
             self._reap()
             # live trainers: fresh records that kept up (a silent peer's record stays at its last round)
             live = {p for p, m in self.members.members().items() if m.training and m.round >= self.round - 1}
-            live.discard(self.me)
-            if not self.observer:
-                live.add(self.me)
+            live = (live - {self.me}) | self._me_if_sender()
             deadline = deadline_from(self.first_seen, len(live), self.round_seconds, self.cfg)
             everyone = live <= set(self.verified)
             late = deadline is not None and time.monotonic() >= deadline
@@ -197,6 +195,10 @@ class RoundExchange(threading.Thread):
                 return deadline or time.monotonic()
             time.sleep(_POLL_S)
         return time.monotonic()
+
+    def _me_if_sender(self) -> set[str]:
+        """{this peer} when it sent an update this round; an observer counts neither as live nor eligible."""
+        return set() if self.observer else {self.me}
 
     def _decided_elsewhere(self, live: set[str]) -> bool:
         """An eligible peer already proposed and our proposal cannot lead (we are not eligible, e.g. just
@@ -221,9 +223,8 @@ class RoundExchange(threading.Thread):
         grace_end = time.monotonic() + max(self.cfg.commit_grace_s, window) + _POLL_S
         hard_stop = time.monotonic() + self.cfg.max_wait_s
         if not self.eligible:
-            self.eligible = {p for p, m in self.members.members().items() if m.training} | {self.me}
-            if self.observer:
-                self.eligible.discard(self.me)
+            self.eligible = ({p for p, m in self.members.members().items() if m.training} - {self.me}) \
+                | self._me_if_sender()
         while not self.stop_event.is_set():
             proposals = [p for p in self.members.read("proposals", self.round, Proposal)
                          if p.round == self.round and p.proposer in self.eligible]

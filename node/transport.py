@@ -32,6 +32,7 @@ from hivemind.utils.multiaddr import Multiaddr
 
 from gradnode.node.config import SwarmConfig
 from gradnode.node.identity import Identity
+from gradnode.protocol.records import update_sender
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +226,7 @@ class Transport:
             name = msgpack.unpackb(await asyncio.wait_for(reader.readexactly(n), 30))
             data = self.blobs.get(name) if isinstance(name, str) else None
             is_state = data is not None and name.startswith("s/")
-            own = data is not None and name.startswith("u/") and name.endswith("/" + self.peer_id)
+            own = data is not None and update_sender(name) == self.peer_id
             busy = data is not None and (self._serving.get(name, 0) >= self.upload_slots or
                                          (is_state and self._state_uploads >= self.cfg.state_upload_slots) or
                                          (own and self._own_copies_spent(name)))
@@ -264,7 +265,7 @@ class Transport:
     async def _send(self, writer: asyncio.StreamWriter, data: bytes, *, is_state: bool = False,
                     own: bool = False) -> None:
         """Write ``data`` in pieces paced by the upload token bucket, counting bytes as they go (also apart:
-        state chunks, and copies of our own updates, which gossip keeps flat as the swarm grows)."""
+        state chunks, and copies of our own updates, which the gossip cap bounds)."""
         for i in range(0, len(data), _CHUNK):
             piece = data[i:i + _CHUNK]
             await self._up.consume(len(piece))
@@ -335,7 +336,7 @@ class Transport:
             order = [s for s in listed if s[0] != me]
             random.shuffle(order)
             # an update's own sender last: it serves a few copies, the rest spreads from those (gossip)
-            origin = name.rsplit("/", 1)[-1] if name.startswith("u/") else None
+            origin = update_sender(name)
             order.sort(key=lambda s: s[0] == origin)
             for peer, addrs in order:
                 left = deadline - time.monotonic()

@@ -173,6 +173,11 @@ def update_name(run_id: str, round_: int, sender: str) -> str:
     return f"u/{run_id}/{round_}/{sender}"
 
 
+def update_sender(name: str) -> str | None:
+    """The sender in an update's blob name (see update_name); None for any other blob."""
+    return name.rsplit("/", 1)[-1] if name.startswith("u/") else None
+
+
 def state_chunk_name(run_id: str, round_: int, digest: str) -> str:
     return f"s/{run_id}/{round_}/{digest}"
 

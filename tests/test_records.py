@@ -83,3 +83,10 @@ def test_majority_hash_prefers_a_majority_then_the_lowest_peer() -> None:
     # one vote per peer: repeating a report does not outvote another peer
     assert majority_hash([wh(high, "dd" * 8), wh(high, "dd" * 8), wh(low, "cc" * 8)]) == ("cc" * 8, 1)
     assert majority_hash([]) is None
+
+
+def test_update_sender_reads_the_sender_back_from_an_update_name() -> None:
+    from gradnode.protocol.records import state_chunk_name, update_name, update_sender
+
+    assert update_sender(update_name("run", 7, A)) == A
+    assert update_sender(state_chunk_name("run", 7, D)) is None

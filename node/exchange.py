@@ -110,16 +110,18 @@ class RoundExchange(threading.Thread):
     def __init__(self, *, transport: Transport, membership: Membership, cfg: SwarmConfig, run_id: str,
                  round_: int, blob: bytes | None, tokens: int, round_seconds: float, shapes: dict[str, tuple[int, ...]],
                  rejections: Rejections, stop: threading.Event, eligible: list[str] | None = None,
-                 leaving: threading.Event | None = None) -> None:
+                 leaving: threading.Event | None = None, lead: bool = True) -> None:
         super().__init__(name=f"exchange-{round_}", daemon=True)
         self.transport, self.members, self.cfg, self.run_id = transport, membership, cfg, run_id
         self.round, self.blob, self.tokens, self.round_seconds = round_, blob, tokens, round_seconds
         self.shapes, self.rejections, self.stop_event = shapes, rejections, stop
         self.me = transport.peer_id
-        # who may lead: the previous round's agreed senders (timely and alive), else the live trainers;
-        # an observer (no blob of its own) never leads
+        # who may lead: the previous round's agreed senders (timely and alive), else the live trainers.
+        # Never this peer when it observes (no blob of its own) or was told not to lead (``lead=False``:
+        # just back from a restart or re-sync, its proposal would come late and could split the round)
         self.observer = blob is None
-        self.eligible = set(eligible or ()) - ({self.me} if self.observer else set())
+        self.may_lead = not self.observer and lead
+        self.eligible = set(eligible or ()) - ({self.me} if not self.may_lead else set())
         self.leaving = leaving or threading.Event()  # set when this peer announced its departure
         self.digest = hashlib.sha256(blob).hexdigest() if blob is not None else ""
         self.verified: dict[str, _Verified] = {}
@@ -144,7 +146,7 @@ class RoundExchange(threading.Thread):
             if not self.observer:
                 self._announce()
             deadline = self._collect()
-            if not self.observer:
+            if self.may_lead:
                 self._propose()
             chosen = self._decide(deadline)
             self._outcome = self._assemble(chosen, t0)
@@ -224,7 +226,7 @@ class RoundExchange(threading.Thread):
         hard_stop = time.monotonic() + self.cfg.max_wait_s
         if not self.eligible:
             self.eligible = ({p for p, m in self.members.members().items() if m.training} - {self.me}) \
-                | self._me_if_sender()
+                | ({self.me} if self.may_lead else set())
         while not self.stop_event.is_set():
             proposals = [p for p in self.members.read("proposals", self.round, Proposal)
                          if p.round == self.round and p.proposer in self.eligible]

@@ -131,6 +131,8 @@ class Peer:
         self._chores = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chores")
         self._chore: Future | None = None
         self._trusted_from = 0  # rounds before this were replaced by a re-sync: their hash checks are moot
+        # just adopted a state or caught up: our next proposal would come late, so we do not lead that round
+        self._rejoined = False
         self.catchups = 0
         self.joined_round = 0
         self.first_contribution: int | None = None
@@ -253,7 +255,9 @@ class Peer:
         ex = RoundExchange(transport=self.transport, membership=self.membership, cfg=self.sw,
                            run_id=self.cfg.run.run_id, round_=self.engine.round, blob=blob, tokens=tokens,
                            round_seconds=self._round_seconds(), shapes=self.shapes, rejections=self.rejections,
-                           stop=threading.Event(), eligible=self.last_senders, leaving=self.leaving)
+                           stop=threading.Event(), eligible=self.last_senders, leaving=self.leaving,
+                           lead=not self._rejoined)
+        self._rejoined = False
         ex.start()
         return ex
 
@@ -458,6 +462,7 @@ class Peer:
         self.resyncs += force
         self.hashes[self.engine.round - 1] = manifest.param_hash
         self._trusted_from = self.engine.round - 1
+        self._rejoined = True
         self.last_senders = self._agreed_senders(self.engine.round - 1)
         log.info("state adopted reason=%s round=%d from=%s hash=%s", reason, self.engine.round,
                  manifest.peer[:12], manifest.param_hash[:12])
@@ -493,6 +498,7 @@ class Peer:
         if ok:
             self.catchups += len(missed)
             self.last_senders = [s for s, _ in missed[-1].included]
+            self._rejoined = True
             log.info("caught up rounds=%d..%d by replay bytes=%d (state is %d) hash=%s", start, target - 1, cost,
                      offers[0].size, eng.param_hash()[:12])
         return ok

@@ -68,7 +68,7 @@ def bench_codec_cmd(params: int = typer.Option(20_000_000, "--params", min=10_00
     if device not in ("cpu", "cuda"):
         typer.echo("--device must be cpu or cuda", err=True)
         raise typer.Exit(2)
-    from gradnode.node.bench_codec import print_table, run
+    from gradnode.node.bench.codec import print_table, run
 
     result = run(params, device=device, steps=steps, repeats=repeats, threads=threads)
     if as_json:
@@ -93,7 +93,8 @@ def _swarm_cfg(config: Optional[Path], set_: Optional[list[str]], initial_peer: 
 
 def _run_peer(cfg: Config, *, train: bool, peer_index: Optional[int], device: Optional[str], metrics: Optional[Path],
               summary: Optional[Path], evaluate: bool, maddrs_file: Optional[Path] = None) -> None:
-    from gradnode.node.swarm import Peer, summary_json
+    from gradnode.node.swarm.peer import Peer
+    from gradnode.node.swarm.report import summary_json
 
     peer = Peer(cfg, peer_index=peer_index, device=device, metrics_path=metrics, evaluate=evaluate)
     peer.install_signal_handlers()
@@ -182,9 +183,9 @@ def status_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = S
     from rich.console import Console
     from rich.table import Table
 
-    from gradnode.node.identity import load_or_create
-    from gradnode.node.membership import Membership
-    from gradnode.node.transport import Transport
+    from gradnode.node.swarm.identity import load_or_create
+    from gradnode.node.swarm.membership import Membership
+    from gradnode.node.swarm.transport import Transport
 
     with tempfile.TemporaryDirectory() as tmp:
         sw = cfg.swarm.model_copy(update={"client_mode": True, "host_maddrs": ["/ip4/127.0.0.1/tcp/0"]})
@@ -219,7 +220,7 @@ LinkOpt = typer.Option("auto", "--link", help="How --bandwidth caps each peer's 
 
 def _check_link(link: str, bandwidth: Optional[str]) -> None:
     """Fail fast with the reason (e.g. not root for --link netns), before any process starts."""
-    from gradnode.node.simulate import resolve_link
+    from gradnode.node.sim.simulate import resolve_link
 
     try:
         resolve_link(link, bandwidth)
@@ -251,7 +252,7 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=64, he
     """Start a bootstrap and N peers as processes on this machine, show them live, print a summary."""
     import time as _time
 
-    from gradnode.node import simulate as sim
+    from gradnode.node.sim import simulate as sim
 
     _load(config, set_)  # fail fast on a bad config, before any process starts
     _setup_logging(verbose)
@@ -263,7 +264,7 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=64, he
             typer.echo(f"--bandwidth: {err}", err=True)
             raise typer.Exit(2) from None
     _check_link(link, bandwidth)
-    from gradnode.node import faults
+    from gradnode.node.sim import faults
 
     try:
         faults.parse(faults_spec, peers, rounds, seed or 0)  # fail fast, before any process starts
@@ -297,7 +298,7 @@ def bench_swarm_cmd(sizes: str = typer.Option("2,4,8", "--sizes", help="Swarm si
                     config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = SetOpt,
                     as_json: bool = typer.Option(False, "--json")) -> None:
     """Utilisation at 4 peers under a link cap, non-overlapped communication, bytes per peer at 2/4/8."""
-    from gradnode.node import bench_swarm
+    from gradnode.node.bench import swarm as bench_swarm
 
     _load(config, set_)
     _check_link(link, bandwidth)
@@ -327,7 +328,7 @@ def train_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = Se
     _setup_logging(verbose)
     from rich.console import Console
 
-    from gradnode.node.train import summary_table, train
+    from gradnode.node.train.solo import summary_table, train
 
     console = Console()
     try:
@@ -368,7 +369,7 @@ def bench_quality_cmd(
     from rich.progress import Progress
     from rich.table import Table
 
-    from gradnode.node import bench_quality as bq
+    from gradnode.node.bench import quality as bq
 
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

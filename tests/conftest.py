@@ -1,5 +1,5 @@
 """Shared fixtures. Swarm tests spawn real peers (bootstrap + `gradnode join` processes on 127.0.0.1)
-through gradnode.node.simulate, which stops every process it started by PID, also on failure."""
+through gradnode.node.sim.simulate, which stops every process it started by PID, also on failure."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ TINY_SWARM = ["model.n_layer=1", "model.n_head=2", "model.d_model=32", "model.se
 
 @pytest.fixture
 def run_swarm(tmp_path: Path) -> Callable[..., dict[str, Any]]:
-    from gradnode.node import simulate as sim
+    from gradnode.node.sim import simulate as sim
 
     def run(peers: int, rounds: int, peer_overrides: dict[int, list[str]] | None = None, on_swarm: Any = None,
             timeout_s: float = 240.0, faults: str | None = None, extra: list[str] | None = None) -> dict[str, Any]:
@@ -29,7 +29,7 @@ def run_swarm(tmp_path: Path) -> Callable[..., dict[str, Any]]:
 
 
 def swarm_metrics(summary: dict[str, Any], index: int) -> list[dict[str, Any]]:
-    from gradnode.node import simulate as sim
+    from gradnode.node.sim import simulate as sim
 
     return sim.read_metrics(Path(summary["out_dir"]) / f"peer-{index}" / "metrics.jsonl")
 

@@ -3,9 +3,9 @@ import json
 import pytest
 
 from _tiny import tiny_config
-from gradnode.node import checkpoint
-from gradnode.node.checkpoint import CheckpointError
-from gradnode.node.engine import Engine
+from gradnode.node.train import checkpoint
+from gradnode.node.train.checkpoint import CheckpointError
+from gradnode.node.train.engine import Engine
 from gradnode.protocol import decode_update
 
 

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from gradnode.node.config import Config, ConfigError, load_config
-from gradnode.node.model import gpt_param_count
+from gradnode.node.train.model import gpt_param_count
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.[yt]*ml"))
 

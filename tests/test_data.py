@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from gradnode.node.config import DataConfig
-from gradnode.node.data import Batches, load_corpus, split_documents, stdlib_root
+from gradnode.node.train.data import Batches, load_corpus, split_documents, stdlib_root
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from gradnode.node import checkpoint, faults
+from gradnode.node.train import checkpoint
+from gradnode.node.sim import faults
 from gradnode.node.config import SwarmConfig
-from gradnode.node.identity import load_or_create
-from gradnode.node.transport import Transport
+from gradnode.node.swarm.identity import load_or_create
+from gradnode.node.swarm.transport import Transport
 
 # --- pure: the fault grammar and checkpoints ---------------------------------------------------------
 
@@ -110,8 +111,8 @@ def test_tampered_offer_is_discarded_for_another_donor(tmp_path: Path) -> None:
     altered weights. The joiner discards that offer and its donor, and takes the honest one."""
     from collections import Counter
 
-    from gradnode.node import statesync
-    from gradnode.node.membership import Membership
+    from gradnode.node.swarm import statesync
+    from gradnode.node.swarm.membership import Membership
     from gradnode.protocol.records import WeightHash
 
     def weights_hash(state: dict) -> str:

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from _tiny import tiny_config
-from gradnode.node.engine import Engine
+from gradnode.node.train.engine import Engine
 from gradnode.protocol import decode_update
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gradnode.node.identity import IdentityError, load_or_create, peer_id_from_public_der, verify
+from gradnode.node.swarm.identity import IdentityError, load_or_create, peer_id_from_public_der, verify
 
 
 def test_key_file_is_created_once_and_reused(tmp_path: Path) -> None:

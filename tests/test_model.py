@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from gradnode.node.config import ModelConfig
-from gradnode.node.model import GPT, build_model, count_params, gpt_param_count
+from gradnode.node.train.model import GPT, build_model, count_params, gpt_param_count
 
 
 @pytest.mark.parametrize("kw", [

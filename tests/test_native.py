@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from gradnode.node import native
+from gradnode.node.train import native
 from gradnode.protocol import CodecParams, ProtocolError, decode_update, encode_update, encode_with_reconstruction
 from gradnode.protocol.codec import cpu_kernel, set_cpu_kernel
 

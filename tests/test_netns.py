@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gradnode.node import netns
-from gradnode.node import simulate as sim
+from gradnode.node.sim import netns
+from gradnode.node.sim import simulate as sim
 
 from conftest import TINY_SWARM
 

@@ -2,7 +2,7 @@ import json
 
 from typer.testing import CliRunner
 
-from gradnode.node.bench_quality import ALGORITHMS, BenchSettings, goals, run_bench
+from gradnode.node.bench.quality import ALGORITHMS, BenchSettings, goals, run_bench
 from gradnode.node.cli import app
 
 

@@ -29,7 +29,7 @@ def test_honest_peers_agree_and_bad_updates_are_rejected(run_swarm, metrics_of) 
 
 
 def test_bench_swarm_reports_utilisation_phases_and_own_upload() -> None:
-    from gradnode.node import bench_swarm
+    from gradnode.node.bench import swarm as bench_swarm
     from conftest import TINY_SWARM
 
     result = bench_swarm.run([3], rounds=3, bandwidth="50mbit", config=None, overrides=TINY_SWARM, link="bucket")
@@ -58,9 +58,13 @@ def test_a_failed_chores_job_is_logged_not_taken_for_a_hash_mismatch(tmp_path) -
     from concurrent.futures import Future
 
     from gradnode.node.config import load_config
-    from gradnode.node.swarm import Peer
+    from gradnode.node.swarm.chores import Chores
+    from gradnode.node.swarm.peer import Peer
 
     peer = Peer(load_config(None, {"run.output_dir": str(tmp_path)}))
+    # the chores thread's bookkeeping without a network: its jobs below are finished futures
+    peer.chores = Chores(cfg=peer.cfg, members=None, transport=None, phases=peer.phases, publish_member=lambda: None,
+                         save=lambda snap: None, round_seconds=lambda: 1.0)
     synced = []
     peer._sync_state = lambda reason, force=False: synced.append(reason)  # would re-sync on a mismatch
     for outcome in (RuntimeError("chores bug"), None, 3):
@@ -69,12 +73,12 @@ def test_a_failed_chores_job_is_logged_not_taken_for_a_hash_mismatch(tmp_path) -
             job.set_exception(outcome)
         else:
             job.set_result(outcome)
-        peer._chore = job
+        peer.chores._job = job
         peer._settle_chores()
-        assert peer._chore is None
+        assert peer.chores._job is None
     assert synced == ["hash mismatch"]  # only the real mismatch (round 3) re-syncs
-    peer._trusted_from = 5
-    peer._chore = Future()
-    peer._chore.set_result(3)  # checked before a re-sync that replaced round 3: moot
+    peer.history.trusted_from = 5
+    peer.chores._job = Future()
+    peer.chores._job.set_result(3)  # checked before a re-sync that replaced round 3: moot
     peer._settle_chores()
     assert synced == ["hash mismatch"]

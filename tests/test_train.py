@@ -2,7 +2,7 @@ from typer.testing import CliRunner
 
 from _tiny import tiny_config
 from gradnode.node.cli import app
-from gradnode.node.train import train
+from gradnode.node.train.solo import train
 
 
 def test_train_end_to_end_and_resume(tmp_path):

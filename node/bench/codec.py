@@ -5,7 +5,7 @@ The pseudo-gradient comes from real AdamW steps of the built-in GPT on the byte-
 meets in training. Every speed is the best of several repeats, measured in the same run next to a
 plain tensor copy and a naive reference encoder (torch.topk per chunk, per-tensor affine 2-bit values,
 12-bit packed indices), so the figures can be compared on any machine. On CPU the native encoder
-(gradnode.node.native) runs when it builds here; `encode_gbps_torch` is the pure-torch path on the
+(gradnode.node.train.native) runs when it builds here; `encode_gbps_torch` is the pure-torch path on the
 same input (same bytes), so the speed-up stays visible.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gradnode.node import native
+from gradnode.node.train import native
 from gradnode.node.config import DataConfig, ModelConfig
 from gradnode.protocol import CodecParams, decode_update, encode_update
 from gradnode.protocol.chunking import layout
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 def model_config_for(n_params: int, seq_len: int = 64) -> ModelConfig:
     """A GPT of about n_params parameters: 6 layers, width a multiple of 64 (4 layers when tiny)."""
-    from gradnode.node.model import gpt_param_count
+    from gradnode.node.train.model import gpt_param_count
 
     n_layer = 6 if n_params >= 2_000_000 else 2
     d = 64
@@ -45,8 +45,8 @@ def model_config_for(n_params: int, seq_len: int = 64) -> ModelConfig:
 
 def pseudo_gradient(n_params: int, steps: int, device: torch.device, seed: int = 0) -> dict[str, Tensor]:
     """start - local after `steps` AdamW steps (after two warm-up steps) on the stdlib corpus."""
-    from gradnode.node.data import Batches, load_corpus
-    from gradnode.node.model import build_model
+    from gradnode.node.train.data import Batches, load_corpus
+    from gradnode.node.train.model import build_model
 
     cfg = model_config_for(n_params)
     model = build_model(cfg, seed).to(device)

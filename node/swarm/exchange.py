@@ -8,16 +8,8 @@ How every honest peer ends a round with the same set of updates (and so with ide
 2. The round's deadline comes from observed speeds: once half the live training peers have announced
    (the anchor), the window is ``(slack - 1) x`` the median peer's round time (at least
    ``min_deadline_s``). It ends early when every live training peer's update has been verified.
-3. At its deadline each peer publishes a *proposal*: the (sender, digest) pairs it verified.
-4. Every peer adopts the proposal of the round's *leader*: the lowest peer id among the *eligible*
-   proposers (the senders the previous round agreed on: alive and on time; the live trainers in a
-   peer's first round), waiting up to a grace period (the deadline window, at least
-   ``commit_grace_s``) for lower-id eligible peers that have not proposed yet. A late straggler is
-   not eligible the round after it missed, so it cannot overturn a decision; a crashed leader never
-   proposes, so after the grace the next eligible id leads.
-   Peers then fetch whatever the leader included that they lack. The rare disagreement (a leader's
-   proposal seen by some peers only) shows up in the per-round weight hashes and is repaired by
-   re-syncing from the majority (swarm.py).
+3. At the deadline the peers agree on the set (agreement.py: proposals and the round's leader), then
+   fetch whatever the decided set holds that they lack.
 
 An update that misses the deadline is excluded by everyone alike; its sender gets ``own_included =
 False`` and puts the content back into its local progress, so nothing is lost.
@@ -33,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import random
 import threading
 import time
@@ -42,15 +33,15 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from gradnode.node.config import SwarmConfig
-from gradnode.node.identity import verify
-from gradnode.node.membership import Membership
-from gradnode.node.transport import Transport
+from gradnode.node.swarm.agreement import POLL_S, Agreement
+from gradnode.node.swarm.clock import deadline_from
+from gradnode.node.swarm.identity import verify
+from gradnode.node.swarm.membership import Membership
+from gradnode.node.swarm.transport import Transport
 from gradnode.protocol import ProtocolError, decode_update, signing_digest
-from gradnode.protocol.records import Holdings, Proposal, UpdateAnnouncement, leader, update_name
+from gradnode.protocol.records import Holdings, Proposal, UpdateAnnouncement, update_name
 
 log = logging.getLogger(__name__)
-
-_POLL_S = 0.2
 
 
 class Rejections:
@@ -88,15 +79,6 @@ class Outcome:
     seconds: float  # from announcement to decision
 
 
-def deadline_from(first_seen: dict[str, float], n_live: int, round_seconds: float, cfg: SwarmConfig) -> float | None:
-    """Round deadline (monotonic seconds) once half the live training peers announced; None before."""
-    k = max(1, math.ceil(n_live / 2))
-    if len(first_seen) < k:
-        return None
-    anchor = sorted(first_seen.values())[k - 1]
-    return anchor + max(cfg.min_deadline_s, (cfg.deadline_slack - 1.0) * round_seconds)
-
-
 @dataclass
 class _Verified:
     digest: str
@@ -116,13 +98,10 @@ class RoundExchange(threading.Thread):
         self.round, self.blob, self.tokens, self.round_seconds = round_, blob, tokens, round_seconds
         self.shapes, self.rejections, self.stop_event = shapes, rejections, stop
         self.me = transport.peer_id
-        # who may lead: the previous round's agreed senders (timely and alive), else the live trainers.
-        # Never this peer when it observes (no blob of its own) or was told not to lead (``lead=False``:
-        # just back from a restart or re-sync, its proposal would come late and could split the round)
-        self.observer = blob is None
-        self.may_lead = not self.observer and lead
-        self.eligible = set(eligible or ()) - ({self.me} if not self.may_lead else set())
-        self.leaving = leaving or threading.Event()  # set when this peer announced its departure
+        self.observer = blob is None  # no update of its own: it follows the decision, never leads
+        self.agreement = Agreement(members=membership, cfg=cfg, run_id=run_id, round_=round_, me=self.me,
+                                   eligible=eligible, may_lead=not self.observer and lead,
+                                   round_seconds=round_seconds, leaving=leaving or threading.Event())
         self.digest = hashlib.sha256(blob).hexdigest() if blob is not None else ""
         self.verified: dict[str, _Verified] = {}
         self.first_seen: dict[str, float] = {}
@@ -145,10 +124,9 @@ class RoundExchange(threading.Thread):
         try:
             if not self.observer:
                 self._announce()
-            deadline = self._collect()
-            if self.may_lead:
-                self._propose()
-            chosen = self._decide(deadline)
+            self._collect()
+            self.agreement.propose([(s, v.digest) for s, v in self.verified.items()])
+            chosen = self.agreement.decide(self.stop_event, tick=self._tick)
             self._outcome = self._assemble(chosen, t0)
         except Exception:  # a bug here must not kill the peer; the round counts as undecided
             log.exception("exchange crashed round=%d", self.round)
@@ -179,70 +157,26 @@ class RoundExchange(threading.Thread):
         accepted = self.transport.push(targets, name, self.blob, deadline=time.monotonic() + self.cfg.max_wait_s / 4)
         log.info("update pushed round=%d to=%d accepted=%d", self.round, len(targets), accepted)
 
-    def _collect(self) -> float:
+    def _collect(self) -> None:
         """Fetch announced updates until the deadline (or until every live trainer's update is in)."""
         hard_stop = time.monotonic() + self.cfg.max_wait_s
         while not self.stop_event.is_set() and time.monotonic() < hard_stop:
-            self._scan()
-            self._reap()
+            self._tick()
             # live trainers: fresh records that kept up (a silent peer's record stays at its last round)
             live = {p for p, m in self.members.members().items() if m.training and m.round >= self.round - 1}
             live = (live - {self.me}) | self._me_if_sender()
             deadline = deadline_from(self.first_seen, len(live), self.round_seconds, self.cfg)
             everyone = live <= set(self.verified)
             late = deadline is not None and time.monotonic() >= deadline
-            if everyone or late or self._decided_elsewhere(live):
+            if everyone or late or self.agreement.decided_elsewhere(live):
                 log.info("collect done round=%d verified=%d live=%d why=%s", self.round, len(self.verified),
                          len(live), "everyone" if everyone else "deadline" if late else "decided elsewhere")
-                return deadline or time.monotonic()
-            time.sleep(_POLL_S)
-        return time.monotonic()
+                return
+            time.sleep(POLL_S)
 
     def _me_if_sender(self) -> set[str]:
         """{this peer} when it sent an update this round; an observer counts neither as live nor eligible."""
         return set() if self.observer else {self.me}
-
-    def _decided_elsewhere(self, live: set[str]) -> bool:
-        """An eligible peer already proposed and our proposal cannot lead (we are not eligible, e.g. just
-        joined, or that peer's id is lower): the round is past its deadline, so collecting longer gains
-        nothing. The leader itself never stops early this way: its proposal gets its full window."""
-        who = self.eligible or live
-        me_eligible = self.me in who
-        return any(p.round == self.round and p.proposer in who and p.proposer != self.me and not p.abstain
-                   and (not me_eligible or p.proposer < self.me)
-                   for p in self.members.read("proposals", self.round, Proposal))
-
-    def _propose(self) -> None:
-        if self.leaving.is_set():  # the others stopped waiting for us: a late proposal could split them
-            return
-        included = sorted((s, v.digest) for s, v in self.verified.items())
-        self.members.write("proposals", self.round, Proposal(run_id=self.run_id, round=self.round,
-                                                             proposer=self.me, included=included))
-
-    def _decide(self, deadline: float) -> Proposal | None:
-        """The leader's proposal: lowest proposer id, waiting a grace period for lower-id announcers."""
-        window = max(self.cfg.min_deadline_s, (self.cfg.deadline_slack - 1.0) * self.round_seconds)
-        grace_end = time.monotonic() + max(self.cfg.commit_grace_s, window) + _POLL_S
-        hard_stop = time.monotonic() + self.cfg.max_wait_s
-        if not self.eligible:
-            self.eligible = ({p for p, m in self.members.members().items() if m.training} - {self.me}) \
-                | ({self.me} if self.may_lead else set())
-        while not self.stop_event.is_set():
-            proposals = [p for p in self.members.read("proposals", self.round, Proposal)
-                         if p.round == self.round and p.proposer in self.eligible]
-            best = leader(proposals)
-            self._scan()
-            self._reap()
-            # nobody waits for gracefully departed peers or for those that abstained from this round
-            absent = self.members.leaving() | {p.proposer for p in proposals if p.abstain}
-            lower = [s for s in self.eligible if (best is None or s < best.proposer) and s not in absent]
-            now = time.monotonic()
-            if best is not None and (not lower or now >= grace_end):
-                return best
-            if now >= hard_stop:
-                return best
-            time.sleep(_POLL_S)
-        return None
 
     def _assemble(self, chosen: Proposal | None, t0: float) -> Outcome:
         if chosen is None:
@@ -268,6 +202,11 @@ class RoundExchange(threading.Thread):
                        time.monotonic() - t0)
 
     # --- announcements and fetches ----------------------------------------------------------------
+
+    def _tick(self) -> None:
+        """One poll of the fetch machinery: start fetches of new announcements, verify finished ones."""
+        self._scan()
+        self._reap()
 
     def _scan(self) -> None:
         for ann in self.members.read("updates", self.round, UpdateAnnouncement):

@@ -27,12 +27,13 @@ import torch
 from torch import Tensor
 from torch.func import functional_call
 
-from gradnode.node import checkpoint, native
+from gradnode.node.train import checkpoint
+from gradnode.node.train import native
 from gradnode.node.config import Config
-from gradnode.node.data import Batches, load_corpus
-from gradnode.node.inner import InnerTrainer, lm_loss, pick_device
-from gradnode.node.model import build_model
-from gradnode.node.outer import OuterOptimizer
+from gradnode.node.train.data import Batches, load_corpus
+from gradnode.node.train.inner import InnerTrainer, lm_loss, pick_device
+from gradnode.node.train.model import build_model
+from gradnode.node.train.outer import OuterOptimizer
 from gradnode.protocol import CodecParams, DecodedUpdate, aggregate, compress_with_feedback, encode_update
 
 log = logging.getLogger(__name__)

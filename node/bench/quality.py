@@ -24,10 +24,10 @@ from typing import Any
 import torch
 
 from gradnode.node.config import Config, config_from_dict
-from gradnode.node.data import Batches, load_corpus
-from gradnode.node.engine import Engine, schedule_steps
-from gradnode.node.inner import InnerTrainer, pick_device
-from gradnode.node.model import build_model, count_params
+from gradnode.node.train.data import Batches, load_corpus
+from gradnode.node.train.engine import Engine, schedule_steps
+from gradnode.node.train.inner import InnerTrainer, pick_device
+from gradnode.node.train.model import build_model, count_params
 from gradnode.protocol import decode_update
 
 log = logging.getLogger(__name__)

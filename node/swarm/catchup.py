@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gradnode.node.config import SwarmConfig
-from gradnode.node.exchange import check_update
-from gradnode.node.membership import Membership
-from gradnode.node.transport import Transport
+from gradnode.node.swarm.exchange import check_update
+from gradnode.node.swarm.membership import Membership
+from gradnode.node.swarm.transport import Transport
 from gradnode.protocol.records import WeightHash, majority_hash, update_name
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gradnode.node import simulate as sim
+from gradnode.node.sim import simulate as sim
 
 TRAFFIC_MODEL = ["model.n_layer=2", "model.n_head=2", "model.d_model=64", "model.seq_len=64", "inner.batch_size=4",
                  "inner.steps=6", "inner.warmup_steps=2", "swarm.min_deadline_s=1.0"]

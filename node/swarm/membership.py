@@ -14,8 +14,8 @@ import threading
 import time
 from typing import TypeVar
 
-from gradnode.node.identity import Identity, peer_id_from_public_der, verify
-from gradnode.node.transport import Transport
+from gradnode.node.swarm.identity import Identity, peer_id_from_public_der, verify
+from gradnode.node.swarm.transport import Transport
 from gradnode.protocol.records import PROTOCOL_VERSION, MemberRecord, Record, RecordError, dht_key
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gradnode.node import netns
+from gradnode.node.sim import netns
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +288,7 @@ def run(s: SimSettings, *, live: bool = True, on_swarm: Any = None) -> dict[str,
     from rich.console import Console
     from rich.live import Live
 
-    from gradnode.node import faults
+    from gradnode.node.sim import faults
 
     link = resolve_link(s.link, s.bandwidth)  # may refuse: before any folder or process is made
     schedule = faults.parse(s.faults, s.peers, s.rounds, s.seed or 0)

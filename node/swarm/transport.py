@@ -31,7 +31,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.multiaddr import Multiaddr
 
 from gradnode.node.config import SwarmConfig
-from gradnode.node.identity import Identity
+from gradnode.node.swarm.identity import Identity
 from gradnode.protocol.records import update_sender
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gradnode.node.config import Config
-from gradnode.node.engine import Engine
-from gradnode.node.model import count_params
+from gradnode.node.train.engine import Engine
+from gradnode.node.train.model import count_params
 from gradnode.protocol import decode_update
 
 log = logging.getLogger(__name__)

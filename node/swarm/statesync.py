@@ -24,8 +24,8 @@ from typing import Any, Callable
 import torch
 
 from gradnode.node.config import SwarmConfig
-from gradnode.node.membership import Membership
-from gradnode.node.transport import Transport
+from gradnode.node.swarm.membership import Membership
+from gradnode.node.swarm.transport import Transport
 from gradnode.protocol.records import StateManifest, WeightHash, majority_hash, state_chunk_name
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,91 @@
+"""Agreement on one round's set of updates: who may lead, the proposals, and the decision.
+
+At its deadline each peer that may lead publishes a *proposal*: the (sender, digest) pairs it
+verified. Every peer adopts the proposal of the round's *leader*: the lowest peer id among the
+*eligible* proposers (the senders the previous round agreed on: alive and on time; the live trainers
+in a peer's first round), waiting up to a grace period (the deadline window, at least
+``commit_grace_s``) for lower-id eligible peers that have not proposed yet. A late straggler is not
+eligible the round after it missed, so it cannot overturn a decision; a crashed leader never
+proposes, so after the grace the next eligible id leads. Gracefully departed peers and peers that
+abstained from the round are never waited for.
+
+The rare disagreement (a leader's proposal seen by some peers only) shows up in the per-round weight
+hashes and is repaired by re-syncing from the majority (chores.py, sync.py).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from gradnode.node.config import SwarmConfig
+from gradnode.node.swarm.membership import Membership
+from gradnode.protocol.records import Proposal, leader
+
+POLL_S = 0.2
+
+
+class Agreement:
+    """Round ``round_``'s proposals and decision, as seen by peer ``me``.
+
+    ``eligible``: who may lead (the previous round's agreed senders); empty means "the live trainers,
+    read when the decision starts". ``may_lead``: False for an observer (no update of its own this
+    round) and for a peer just back from a restart or re-sync, whose proposal would come late and
+    could split the round; such a peer never counts itself eligible."""
+
+    def __init__(self, *, members: Membership, cfg: SwarmConfig, run_id: str, round_: int, me: str,
+                 eligible: list[str] | None, may_lead: bool, round_seconds: float,
+                 leaving: threading.Event) -> None:
+        self.members, self.cfg, self.run_id, self.round, self.me = members, cfg, run_id, round_, me
+        self.may_lead, self.round_seconds, self.leaving = may_lead, round_seconds, leaving
+        self.eligible = set(eligible or ()) - (set() if may_lead else {me})
+
+    def proposals(self) -> list[Proposal]:
+        return [p for p in self.members.read("proposals", self.round, Proposal) if p.round == self.round]
+
+    def decided_elsewhere(self, live: set[str]) -> bool:
+        """An eligible peer already proposed and our proposal cannot lead (we are not eligible, e.g. just
+        joined, or that peer's id is lower): the round is past its deadline, so collecting longer gains
+        nothing. The leader itself never stops early this way: its proposal gets its full window."""
+        who = self.eligible or live
+        me_eligible = self.me in who
+        return any(p.proposer in who and p.proposer != self.me and not p.abstain
+                   and (not me_eligible or p.proposer < self.me) for p in self.proposals())
+
+    def propose(self, included: list[tuple[str, str]]) -> None:
+        """Publish the (sender, digest) pairs this peer verified; nothing once it announced its departure
+        (the others stopped waiting for it: a late proposal could split them)."""
+        if not self.may_lead or self.leaving.is_set():
+            return
+        self.members.write("proposals", self.round, Proposal(run_id=self.run_id, round=self.round,
+                                                             proposer=self.me, included=sorted(included)))
+
+    def decide(self, stop: threading.Event, tick: Callable[[], None]) -> Proposal | None:
+        """The leader's proposal: the lowest eligible proposer id, waiting a grace period for lower ids
+        that have not proposed yet. ``tick`` runs every poll (the exchange keeps fetching meanwhile)."""
+        window = max(self.cfg.min_deadline_s, (self.cfg.deadline_slack - 1.0) * self.round_seconds)
+        grace_end = time.monotonic() + max(self.cfg.commit_grace_s, window) + POLL_S
+        hard_stop = time.monotonic() + self.cfg.max_wait_s
+        if not self.eligible:
+            self.eligible = ({p for p, m in self.members.members().items() if m.training} - {self.me}) \
+                | ({self.me} if self.may_lead else set())
+        while not stop.is_set():
+            proposals = [p for p in self.proposals() if p.proposer in self.eligible]
+            best = leader(proposals)
+            tick()
+            # nobody waits for gracefully departed peers or for those that abstained from this round
+            absent = self.members.leaving() | {p.proposer for p in proposals if p.abstain}
+            lower = [s for s in self.eligible if (best is None or s < best.proposer) and s not in absent]
+            now = time.monotonic()
+            if best is not None and (not lower or now >= grace_end):
+                return best
+            if now >= hard_stop:
+                return best
+            time.sleep(POLL_S)
+        return None
+
+
+def abstain(members: Membership, run_id: str, round_: int, me: str) -> None:
+    """Say at once that peer ``me`` sits round ``round_`` out: it can never lead it, nobody waits for it."""
+    members.write("proposals", round_, Proposal(run_id=run_id, round=round_, proposer=me, included=[], abstain=True))

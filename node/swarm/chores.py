@@ -1,0 +1,120 @@
+"""The chores thread: a round's reports, run behind the next round's inner steps.
+
+After applying round r the main loop only snapshots what the reports need and hands them over; one
+worker thread then publishes the weight hash of round r (and checks round r-1's against the majority),
+offers the shared state to joiners, refreshes the member record and writes the checkpoint, while the
+inner steps of the next round compute. A hash mismatch found there is repaired by the main loop at
+the next round boundary (``settle``).
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from gradnode.node.config import Config
+from gradnode.node.swarm import adversary, statesync
+from gradnode.node.swarm.history import RoundLog
+from gradnode.node.swarm.membership import Membership
+from gradnode.node.swarm.report import Phases
+from gradnode.node.swarm.transport import Transport
+from gradnode.protocol.records import WeightHash, majority_hash
+
+if TYPE_CHECKING:
+    from gradnode.node.train.engine import Engine, Snapshot
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HashReport:
+    round: int
+    included: list[tuple[str, str]]
+    update_bytes: int
+    param_hash: str
+    previous_hash: str | None  # our hash of the round before, checked against the majority
+
+
+@dataclass(frozen=True)
+class StateOffer:
+    state: dict[str, Any]
+    param_hash: str
+    round: int
+
+
+class Chores:
+    """One worker thread; at most one round's job in flight."""
+
+    def __init__(self, *, cfg: Config, members: Membership, transport: Transport, phases: Phases,
+                 publish_member: Callable[[], None], save: Callable[["Snapshot"], None],
+                 round_seconds: Callable[[], float]) -> None:
+        self.cfg, self.sw, self.members, self.transport, self.phases = cfg, cfg.swarm, members, transport, phases
+        self.publish_member, self.save, self.round_seconds = publish_member, save, round_seconds
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chores")
+        self._job: Future | None = None
+
+    def hand_off(self, engine: "Engine", history: RoundLog) -> None:
+        """Snapshot this round's reports and queue them (call ``settle`` first)."""
+        assert self._job is None, "settle the previous round's chores first"
+        newest = history.newest_report() if self.sw.hash_check else None  # rounds this peer applied itself
+        report = HashReport(*newest) if newest is not None else None
+        offer = None
+        if not self.sw.client_mode:  # nobody can fetch from a client-mode peer
+            state = adversary.offered_state(self.sw, engine.round, engine.shared_state())
+            offer = StateOffer(state, engine.param_hash(), engine.round)
+        every = self.cfg.checkpoint.every_rounds
+        snap = engine.snapshot() if every and engine.round % every == 0 else None
+        self._job = self._pool.submit(self._run, report, offer, snap)
+
+    def settle(self) -> int | None:
+        """Wait for the previous round's job (done long ago, normally); the round whose weight hash lost
+        the majority vote, if ours did. A failed job is logged, never taken for a mismatch."""
+        if self._job is None:
+            return None
+        with self.phases.time("chores_wait"):
+            try:
+                mismatch = self._job.result()
+            except Exception:  # a bug there must not kill the peer; the next round reports again
+                log.exception("round chores failed")
+                mismatch = None
+        self._job = None
+        return mismatch
+
+    def _run(self, report: HashReport | None, offer: StateOffer | None, snap: "Snapshot | None") -> int | None:
+        mismatch = None
+        if report is not None:
+            with self.phases.time("hash_check"):
+                mismatch = self._report_hash(report)
+        if offer is not None:
+            with self.phases.time("offer_state"):
+                statesync.offer(offer.state, offer.param_hash, offer.round, transport=self.transport,
+                                membership=self.members, cfg=self.sw, run_id=self.cfg.run.run_id)
+        with self.phases.time("record"):
+            self.publish_member()
+        if snap is not None:
+            with self.phases.time("checkpoint"):
+                self.save(snap)
+        return mismatch
+
+    def _report_hash(self, r: HashReport) -> int | None:
+        """Publish the weight hash of our newest applied round; the round before when our hash of it
+        disagrees with the majority."""
+        # kept long enough for a peer that was away catchup_rounds rounds to read what it missed
+        ttl = max(self.sw.record_ttl_s, 3.0 * self.sw.catchup_rounds * max(self.round_seconds(),
+                                                                           self.sw.min_deadline_s))
+        self.members.write("weights", r.round, WeightHash(run_id=self.cfg.run.run_id, round=r.round,
+                                                          peer=self.members.identity.peer_id,
+                                                          param_hash=r.param_hash, included=r.included,
+                                                          update_bytes=r.update_bytes), ttl=ttl)
+        if r.previous_hash is None:
+            return None
+        reports = self.members.read("weights", r.round - 1, WeightHash)
+        found = majority_hash([w for w in reports if w.round == r.round - 1])
+        if found is None or found[0] == r.previous_hash:
+            return None
+        return r.round - 1
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)

@@ -1,0 +1,163 @@
+"""The round clock: when a round's deadline falls, and when a peer should stop its inner steps.
+
+The swarm has no shared clock. A round's deadline is read off the DHT: once half the live training
+peers have announced their update for round r (the anchor), the round closes ``(slack - 1) x`` the
+median peer's round time later (at least ``min_deadline_s``). Each peer times those announcements
+on its own monotonic clock, from the age the DHT gives them.
+
+A peer stops its inner steps half a deadline window before that deadline, which leaves time to apply
+the previous round and announce; a slow peer so runs fewer steps instead of stalling the others.
+Before anyone has announced the round, its deadline is predicted as the previous round's plus one
+median round (a slow peer must stop in time, not notice the deadline once it has passed). A peer
+whose next deadline is nearer than its fewest steps abstains from that round (``Clock.too_late_for``).
+
+The DHT is read by a watcher thread every 0.5 s, never between two inner steps: inner steps only
+compute.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+
+from gradnode.node.config import SwarmConfig
+from gradnode.node.swarm.membership import Membership
+from gradnode.protocol.records import UpdateAnnouncement
+
+log = logging.getLogger(__name__)
+
+
+def deadline_from(first_seen: dict[str, float], n_live: int, round_seconds: float, cfg: SwarmConfig) -> float | None:
+    """Round deadline (monotonic seconds) once half the live training peers announced; None before."""
+    k = max(1, math.ceil(n_live / 2))
+    if len(first_seen) < k:
+        return None
+    anchor = sorted(first_seen.values())[k - 1]
+    return anchor + max(cfg.min_deadline_s, (cfg.deadline_slack - 1.0) * round_seconds)
+
+
+class Deadline:
+    """The swarm's deadline of one round as peer ``me`` sees it, from the DHT's announcements; None until
+    half the live training peers have announced. ``poll`` reads the DHT, calling the object does not."""
+
+    def __init__(self, members: Membership, cfg: SwarmConfig, me: str, round_: int, window: float) -> None:
+        self.members, self.cfg, self.me, self.round, self.window = members, cfg, me, round_, window
+        self.seen: dict[str, float] = {}
+        self.live = 1
+
+    def __call__(self) -> float | None:
+        return deadline_from(self.seen, self.live, self.window, self.cfg)
+
+    def poll(self, now: float) -> None:
+        dht_now = self.members.transport.now()
+        for ann in self.members.read("updates", self.round, UpdateAnnouncement):
+            # when it was announced, not when we first looked: a peer that joined or fell behind
+            # sees the deadline already passed and cuts its round short to catch up
+            age = min(max(0.0, dht_now - ann.time), 600.0)
+            self.seen.setdefault(ann.sender, now - age)
+        self.live = 1 + sum(1 for p, m in self.members.members().items()
+                            if m.training and p != self.me and m.round >= self.round - 1)
+
+
+class StopTime:
+    """When a peer should have finished its inner steps of a round (module docstring)."""
+
+    def __init__(self, clock: "Clock", round_: int, predict: bool = True) -> None:
+        round_s = clock.round_seconds()
+        cfg = clock.cfg
+        self.window = max(cfg.min_deadline_s, (cfg.deadline_slack - 1.0) * round_s)
+        self.round_s = round_s
+        self.current = Deadline(clock.members, cfg, clock.me, round_, round_s)
+        self.previous = Deadline(clock.members, cfg, clock.me, round_ - 1, round_s) if predict and round_ > 0 \
+            else None
+        self._lock = threading.Lock()
+
+    def refresh(self, now: float) -> None:
+        """Re-read the DHT (the watcher thread does this every 0.5 s during inner steps)."""
+        with self._lock:
+            self.current.poll(now)
+            if self.previous is not None and self.current() is None:
+                self.previous.poll(now)
+
+    def __call__(self, now: float) -> float | None:
+        with self._lock:
+            deadline = self.current()
+            if deadline is not None:
+                return deadline - 0.5 * (deadline - min(self.current.seen.values()))
+            before = self.previous() if self.previous is not None else None
+        if before is None:
+            return None
+        return before + self.round_s - 0.5 * self.window
+
+
+class RoundClock:
+    """``should_stop`` of one inner round: stop on ``stop``, or when one more step would end after the
+    round's stop time; a thread keeps the stop time fresh from the DHT. ``close()`` when the round ends."""
+
+    POLL_S = 0.5
+
+    def __init__(self, clock: "Clock", stop_time: StopTime) -> None:
+        self.clock, self.stop_time = clock, stop_time
+        self.steps, self.last, self.step_s = 0, time.monotonic(), clock.step_s
+        self._closed = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="round-clock", daemon=True)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        while not self._closed.is_set():
+            try:
+                self.stop_time.refresh(time.monotonic())
+            except Exception as err:  # a DHT hiccup: keep the last view, try again
+                log.debug("deadline poll failed: %r", err)
+            self._closed.wait(self.POLL_S)
+
+    def close(self) -> None:
+        self._closed.set()
+
+    def __call__(self) -> bool:
+        cfg = self.clock.cfg
+        now = time.monotonic()
+        if cfg.slowdown > 1 and self.steps:  # testing aid: a straggler
+            time.sleep((cfg.slowdown - 1) * (now - self.last))
+            now = time.monotonic()
+        if self.steps:
+            self.step_s = now - self.last
+        self.last = now
+        self.steps += 1
+        if self.clock.stop.is_set():
+            return True
+        if self.steps <= cfg.min_steps:
+            return False
+        stop_at = self.stop_time(now)
+        return stop_at is not None and now + self.step_s > stop_at
+
+
+class Clock:
+    """One peer's view of the swarm's pace. ``step_s`` is the peer's own seconds per inner step, kept
+    up to date by the peer loop."""
+
+    def __init__(self, members: Membership, cfg: SwarmConfig, me: str, inner_steps: int,
+                 stop: threading.Event) -> None:
+        self.members, self.cfg, self.me, self.inner_steps, self.stop = members, cfg, me, inner_steps, stop
+        self.step_s = 0.0
+
+    def round_seconds(self) -> float:
+        """The median peer's full-round compute time (ours until others report theirs)."""
+        return self.members.round_seconds(self.step_s * self.inner_steps or self.cfg.min_deadline_s)
+
+    def for_round(self, round_: int) -> RoundClock:
+        """``should_stop`` for the inner steps of ``round_``; close it when they end."""
+        return RoundClock(self, StopTime(self, round_))
+
+    def too_late_for(self, round_: int) -> bool:
+        """True when round ``round_``'s deadline is already running and nearer than our fewest steps:
+        our update would arrive after the others decided, so we had better compute for the next round."""
+        if not self.step_s:
+            return False
+        now = time.monotonic()
+        stop_time = StopTime(self, round_, predict=False)
+        stop_time.refresh(now)
+        stop_at = stop_time(now)
+        return stop_at is not None and now + self.cfg.min_steps * self.step_s > stop_at

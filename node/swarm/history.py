@@ -1,0 +1,32 @@
+"""What a peer knows about the rounds it applied: the weight hash after each, the updates it applied,
+and who made the newest one (the next round's eligible leaders). The peer loop writes it when it
+applies a round, state sync when it replays or adopts rounds, the chores thread reads it to report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RoundLog:
+    hashes: dict[int, str] = field(default_factory=dict)  # round -> weight hash after applying it
+    # round -> ((sender, digest) pairs applied, their total bytes); kept for the catch-up window, reported
+    applied: dict[int, tuple[list[tuple[str, str]], int]] = field(default_factory=dict)
+    senders: list[str] = field(default_factory=list)  # who made the newest round: the next eligible leaders
+    trusted_from: int = 0  # rounds before this were replaced by a re-sync: their hash checks are moot
+    rejoined: bool = False  # just adopted a state or caught up: our next proposal would come late
+
+    def record(self, round_: int, param_hash: str, included: list[tuple[str, str]], update_bytes: int) -> None:
+        self.hashes[round_] = param_hash
+        self.applied[round_] = (included, update_bytes)
+
+    def newest_report(self) -> tuple[int, list[tuple[str, str]], int, str, str | None] | None:
+        """(round, included, bytes, hash, hash of the round before) of the newest round applied here."""
+        if not self.applied:
+            return None
+        last = max(self.applied)
+        return (last, *self.applied[last], self.hashes[last], self.hashes.get(last - 1))
+
+    def forget_before(self, round_: int) -> None:
+        for r in [r for r in self.applied if r < round_]:
+            del self.applied[r]

@@ -1,0 +1,403 @@
+"""A peer of the swarm: the main loop of `gradnode bootstrap` and `gradnode join`.
+
+One round, as `Peer.train` tells it (overlapped: round r's exchange runs while round r+1 computes):
+
+    compute      inner steps of round r+1, cut short at the swarm's deadline if this peer is slow
+    finish       wait for round r's decision and apply it (the outer step); a missed own update goes
+                 back into local progress
+    publish      make, sign and announce round r+1's update; its exchange starts in the background
+    hand off     the chores of round r (weight hash, state offer, member record, checkpoint) run on
+                 their own thread behind round r+2's inner steps
+
+A peer too slow to make round r+1's deadline even with its fewest steps abstains from it and computes
+for round r+2 instead, learning round r+1's decision as an observer: it stays in phase.
+
+The machinery lives below this file: the exchange and its agreement (exchange.py, agreement.py), the
+round clock (clock.py), the chores thread (chores.py), getting level with the swarm (sync.py, on
+statesync.py and catchup.py), and what the peer reports (report.py, history.py). SIGINT/SIGTERM
+announce the departure at once (nobody waits for this peer any more), stop the inner steps, finish
+the pending round when it can, and leave a checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gradnode.node.config import Config
+from gradnode.node.swarm import adversary
+from gradnode.node.swarm.agreement import abstain
+from gradnode.node.swarm.chores import Chores
+from gradnode.node.swarm.clock import Clock
+from gradnode.node.swarm.exchange import Outcome, Rejections, RoundExchange, check_update
+from gradnode.node.swarm.history import RoundLog
+from gradnode.node.swarm.identity import Identity, load_or_create
+from gradnode.node.swarm.membership import Membership
+from gradnode.node.swarm.report import PeerSummary, Phases, Tally, append_metrics
+from gradnode.node.swarm.sync import Sync
+from gradnode.node.swarm.transport import Transport
+from gradnode.protocol.records import update_name
+
+if TYPE_CHECKING:  # torch: imported by the training loop only, not by `--help`
+    from gradnode.node.train.engine import Engine, RoundStats, Snapshot
+
+log = logging.getLogger(__name__)
+
+
+def shard_of(peer_id: str) -> int:
+    """A stable data-shard number for a peer id (31 bits of its SHA-256)."""
+    return int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:4], "big") >> 1
+
+
+def identity_for(cfg: Config) -> Identity:
+    return load_or_create(cfg.swarm.identity_path or cfg.run.output_dir / "identity.key")
+
+
+class Peer:
+    """One swarm member: transport, membership, engine, and the round loop."""
+
+    def __init__(self, cfg: Config, *, peer_index: int | None = None, device: str | None = None,
+                 metrics_path: Path | None = None, evaluate: bool = True) -> None:
+        self.cfg, self.sw, self.device = cfg, cfg.swarm, device
+        self.identity = identity_for(cfg)
+        # The data shard: given explicitly (simulations), else derived from the stable identity, so that
+        # volunteers started with the same command never train on the same slice.
+        self.peer_index = peer_index if peer_index is not None else shard_of(self.identity.peer_id)
+        self.transport = Transport(self.sw, self.identity)
+        self.membership: Membership | None = None
+        self.engine: Engine | None = None
+        self.stop, self.leaving = threading.Event(), threading.Event()
+        self.rejections = Rejections()
+        self.metrics_path, self.do_eval = metrics_path, evaluate
+        self.tally, self.phases, self.history = Tally(), Phases(), RoundLog()
+        self.last_loss: float | None = None
+        self.last_stats: RoundStats | None = None
+        self.val_first: float | None = None
+        self.val_last: float | None = None
+        self.saved_round = -1
+
+    # --- lifecycle --------------------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        def handler(signum: int, _frame: Any) -> None:
+            log.info("signal=%d: announcing departure, finishing the round and checkpointing", signum)
+            self.stop.set()
+            if self.membership is not None and not self.leaving.is_set():
+                self.leaving.set()
+                # not from the handler itself: the main thread may hold the DHT lock right now
+                threading.Thread(target=self._publish_member, args=(False,), name="leave", daemon=True).start()
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+
+    def start(self) -> None:
+        self.transport.on_push = self._accept_push
+        self.transport.start()
+        self.membership = Membership(self.transport, self.identity, self.cfg.run.run_id, self.sw.record_ttl_s)
+        self.clock = Clock(self.membership, self.sw, self.identity.peer_id, self.cfg.inner.steps, self.stop)
+        self.chores = Chores(cfg=self.cfg, members=self.membership, transport=self.transport, phases=self.phases,
+                             publish_member=lambda: self._publish_member(training=True), save=self._save_checkpoint,
+                             round_seconds=self.clock.round_seconds)
+        self._publish_member(training=not self.sw.serve_only)
+
+    def close(self) -> None:
+        try:
+            if self.membership is not None:
+                self._publish_member(training=False, leaving=True)
+        finally:
+            self.transport.close()
+
+    def serve(self) -> None:
+        """Serve-only peer (bootstrap): keep the DHT and the membership record alive until stopped."""
+        self._heartbeat(training=False, until=self.stop)
+
+    def _heartbeat(self, training: bool, until: threading.Event) -> None:
+        """Refresh the membership record every third of its lifetime until ``until`` is set: liveness must
+        not depend on how long a round takes (a slow round would otherwise expire the record)."""
+        while not until.wait(min(10.0, self.sw.record_ttl_s / 3)):
+            self._publish_member(training=training)
+
+    # --- the training loop ------------------------------------------------------------------------
+
+    def train(self) -> PeerSummary:
+        self._prepare()
+        target = self.sw.rounds or math.inf
+        pending: RoundExchange | None = None  # round r's exchange, running while round r+1 computes
+        t_start = time.monotonic()
+        done = threading.Event()
+        threading.Thread(target=self._heartbeat, args=(True, done), name="heartbeat", daemon=True).start()
+        while not self.stop.is_set() and self.engine.round + (pending is not None) < target:
+            computing, skipped = self._round_to_compute(pending, target)
+            stats = self._compute(computing)
+            if pending is not None:
+                self._finish(pending)
+                pending = None
+            if skipped is not None and self.engine.round == skipped and not self.stop.is_set():
+                self._finish(self._observe(skipped))
+            if self.stop.is_set() or self.engine.round != computing or not stats.steps:
+                continue  # re-synced or stopping: this round's progress stays local
+            with self.phases.time("update"):
+                pending = self._publish(stats.tokens)
+            if not self.sw.overlap:
+                self._finish(pending)
+                pending = None
+            self._hand_off_chores()
+        wall = self._drain(pending, t_start)
+        done.set()
+        return self._wrap_up(wall)
+
+    def _prepare(self) -> None:
+        """Resume our own checkpoint or start fresh, wait for the swarm, get level with it."""
+        from gradnode.node.train import checkpoint
+        from gradnode.node.train.engine import Engine
+
+        cfg = self.cfg
+        ckpt = cfg.run.output_dir / "checkpoints"
+        resume = cfg.checkpoint.resume and bool(checkpoint.list_checkpoints(ckpt))
+        self.engine = Engine.resume(cfg, ckpt, self.peer_index, self.device) if resume \
+            else Engine(cfg, self.peer_index, self.device)
+        if resume:
+            self.tally.resumed_round = self.saved_round = self.engine.round
+        self.shapes = {n: tuple(t.shape) for n, t in self.engine.global_params.items()}
+        self.sync = Sync(engine=self.engine, history=self.history, members=self.membership, transport=self.transport,
+                         cfg=self.sw, run_id=cfg.run.run_id, shapes=self.shapes, tally=self.tally)
+        self._wait_for_peers()
+        self._sync_state(reason="join")
+        self.tally.joined_round = self.engine.round
+        self._publish_member(training=True)
+        if self.do_eval:
+            self.val_first = self.engine.evaluate()
+
+    def _round_to_compute(self, pending: RoundExchange | None, target: float) -> tuple[int, int | None]:
+        """The round whose inner steps come next, and the round we abstain from to get there (if any)."""
+        computing = self.engine.round + (pending is not None)
+        if computing + 1 < target:
+            with self.phases.time("deadline_poll"):
+                late = self.clock.too_late_for(computing)
+            if late:
+                self._abstain(computing)
+                return computing + 1, computing
+        return computing, None
+
+    def _compute(self, round_: int) -> RoundStats:
+        """Inner steps for ``round_``, stopped by the round clock (a slow peer runs fewer)."""
+        should_stop = self.clock.for_round(round_)
+        try:
+            stats = self.engine.inner_round(should_stop=should_stop)
+        finally:
+            should_stop.close()
+        self.tally.inner_s += stats.seconds
+        self.last_stats = stats
+        if stats.steps:
+            self.clock.step_s = stats.seconds / stats.steps
+            self.last_loss = stats.loss
+        return stats
+
+    def _publish(self, tokens: int) -> RoundExchange:
+        """Make, sign and announce this round's update; its exchange runs in the background."""
+        from gradnode.protocol import attach_signature, signing_digest
+
+        blob = self.engine.make_update(sender=self.identity.peer_id)
+        blob = attach_signature(blob, self.identity.sign(signing_digest(blob)))
+        blob = adversary.sent_update(self.sw, self.engine.round, blob, self.cfg.run.output_dir)
+        ex = self._exchange(self.engine.round, blob, tokens, lead=not self.history.rejoined)
+        self.history.rejoined = False
+        return ex
+
+    def _observe(self, round_: int) -> RoundExchange:
+        """Learn the decision of a round we abstained from, exactly as the others reached it."""
+        return self._exchange(round_, None, 0)
+
+    def _exchange(self, round_: int, blob: bytes | None, tokens: int, lead: bool = True) -> RoundExchange:
+        ex = RoundExchange(transport=self.transport, membership=self.membership, cfg=self.sw,
+                           run_id=self.cfg.run.run_id, round_=round_, blob=blob, tokens=tokens,
+                           round_seconds=self.clock.round_seconds(), shapes=self.shapes, rejections=self.rejections,
+                           stop=threading.Event(), eligible=self.history.senders, leaving=self.leaving, lead=lead)
+        ex.start()
+        return ex
+
+    def _abstain(self, round_: int) -> None:
+        """Sit round ``round_`` out, saying so at once so that nobody waits for our proposal."""
+        self.tally.abstained += 1
+        abstain(self.membership, self.cfg.run.run_id, round_, self.identity.peer_id)
+        log.info("round=%d abstained: its deadline is nearer than %d step(s) of %.2f s; computing for round=%d",
+                 round_, self.sw.min_steps, self.clock.step_s, round_ + 1)
+
+    def _finish(self, ex: RoundExchange) -> None:
+        """Wait for round r's decision and apply it."""
+        t0 = time.monotonic()
+        outcome = ex.result(timeout=self.sw.max_wait_s + 10)
+        wait = time.monotonic() - t0
+        self.tally.wait_s += wait
+        self.phases.add("wait", wait)
+        with self.phases.time("apply"):
+            self._apply(ex, outcome, wait)
+
+    def _apply(self, ex: RoundExchange, outcome: Outcome | None, wait: float) -> None:
+        """The outer step of round r with the agreed updates, and its bookkeeping."""
+        if outcome is None or not outcome.decided:
+            log.warning("round=%d undecided: applying no update (hash check will re-sync)", ex.round)
+            outcome = Outcome(ex.round, [], [], [], False, None, False, 0.0)
+        if self.engine.round != ex.round:
+            log.warning("round=%d outcome dropped: engine moved to round=%d", ex.round, self.engine.round)
+            return
+        self.engine.apply_aggregate(outcome.updates, outcome.weights)
+        adversary.drift(self.sw, ex.round, self.engine)
+        self.history.senders = list(outcome.senders)
+        included = [(s, ex.verified[s].digest) for s in outcome.senders]
+        size = sum(len(self.transport.blobs.get(update_name(self.cfg.run.run_id, ex.round, s)) or b"")
+                   for s in outcome.senders)
+        self.history.record(ex.round, self.engine.param_hash(), included, size)
+        t = self.tally
+        if outcome.own_included:
+            t.contributed += 1
+            t.first_contribution = ex.round if t.first_contribution is None else t.first_contribution
+        elif not ex.observer:
+            t.own_excluded += 1
+            self._return_own(ex)
+        t.rounds_done += 1
+        log.info("round=%d applied=%d leader=%s own_included=%s wait_s=%.2f hash=%s", ex.round,
+                 len(outcome.updates), (outcome.leader or "-")[:12],
+                 "abstained" if ex.observer else outcome.own_included, wait, self.history.hashes[ex.round][:12])
+        self._write_metrics(ex.round, outcome, wait)
+
+    def _return_own(self, ex: RoundExchange) -> None:
+        """Error feedback for an excluded update: add what we sent back onto ``start`` so the next
+        pseudo-gradient (start - local) carries it again."""
+        own = ex.verified.get(ex.me)
+        if own is None:
+            return
+        for name, t in own.update.tensors.items():
+            self.engine.start[name].add_(t.to(self.engine.start[name].device, self.engine.start[name].dtype))
+
+    def _hand_off_chores(self) -> None:
+        """Between rounds: settle the previous round's chores (re-syncing if they found our hash off the
+        majority), hand this round's over, and stop serving updates older than the catch-up window."""
+        self._settle_chores()
+        self.chores.hand_off(self.engine, self.history)
+        keep = max(3, self.sw.catchup_rounds + 1)  # applied updates stay served for the catch-up window
+        self.transport.blobs.drop(lambda n: not n.startswith("u/") or
+                                  int(n.split("/")[2]) >= self.engine.round - keep)
+        self.history.forget_before(self.engine.round - keep)
+
+    def _settle_chores(self) -> None:
+        mismatch = self.chores.settle()
+        # a round before our last re-sync was checked on weights we have replaced since: nothing to repair
+        if mismatch is not None and mismatch >= self.history.trusted_from:
+            log.warning("weight hash of round=%d differs from the majority: re-syncing", mismatch)
+            self._sync_state(reason="hash mismatch", force=True)
+
+    def _sync_state(self, reason: str, force: bool = False) -> None:
+        self.sync.level(reason, force)
+
+    def _drain(self, pending: RoundExchange | None, t_start: float) -> float:
+        """The pipeline drains: the last round's exchange has no next round to hide behind (once per
+        run). Returns the training loop's wall time."""
+        t0, wait_before = time.monotonic(), self.tally.wait_s
+        if pending is not None:
+            self._finish(pending)
+            self._hand_off_chores()
+        self._settle_chores()
+        self.tally.drain_s, self.tally.drain_wait_s = time.monotonic() - t0, self.tally.wait_s - wait_before
+        return time.monotonic() - t_start
+
+    def _wrap_up(self, wall: float) -> PeerSummary:
+        if self.saved_round != self.engine.round:
+            self._save_checkpoint()
+        if self.do_eval:
+            self.val_last = self.engine.evaluate()
+        self._linger()
+        return self._summary(wall)
+
+    # --- helpers ----------------------------------------------------------------------------------
+
+    def _accept_push(self, name: str, blob: bytes) -> bool:
+        """A client-mode peer pushed its update: hold and serve it when it verifies (transport thread)."""
+        parts = name.split("/")
+        if self.engine is None or len(parts) != 4 or parts[0] != "u" or parts[1] != self.cfg.run.run_id \
+                or not parts[2].isdigit():
+            return False
+        round_ = int(parts[2])
+        if not self.engine.round - 2 <= round_ <= self.engine.round + 2:
+            return False
+        upd, reason = check_update(blob, sender=parts[3], run_id=self.cfg.run.run_id, round_=round_,
+                                   shapes=self.shapes, members=self.membership, max_bytes=self.sw.max_update_bytes)
+        if upd is None:
+            self.rejections.add(parts[3], reason or "malformed")
+            return False
+        self.transport.blobs.put(name, blob)
+        log.info("pushed update held round=%d sender=%s", round_, parts[3][:12])
+        return True
+
+    def _wait_for_peers(self) -> None:
+        need = self.sw.min_peers
+        end = time.monotonic() + self.sw.max_wait_s
+        while need > 1 and not self.stop.is_set() and time.monotonic() < end:
+            live = [m for m in self.membership.members(max_age=0).values() if m.training]
+            if len(live) >= need or any(m.round > 0 for m in live):  # enough, or the swarm already runs
+                return
+            time.sleep(0.3)
+
+    def _publish_member(self, training: bool, leaving: bool = False) -> None:
+        eng = self.engine
+        leaving = leaving or self.leaving.is_set()  # once announced, every later record says so too
+        step_s = self.clock.step_s
+        tokens_per_step = self.cfg.inner.batch_size * self.cfg.model.seq_len * self.cfg.inner.grad_accum
+        self.membership.publish(round_=eng.round if eng else 0, training=training and not leaving,
+                                step_seconds=step_s, inner_steps=self.cfg.inner.steps,
+                                tokens_per_s=tokens_per_step / step_s if step_s else 0.0,
+                                rejected=self.rejections.total(), loss=self.last_loss, leaving=leaving)
+
+    def _save_checkpoint(self, snap: Snapshot | None = None) -> None:
+        """Write a checkpoint (of ``snap``, else of now). Disk full or folder unwritable: say so clearly and
+        keep training on the state in memory."""
+        snap = snap or self.engine.snapshot(copy=False)
+        try:
+            self.engine.write_snapshot(snap, self.cfg.run.output_dir / "checkpoints")
+            self.saved_round = snap.round
+        except OSError as err:
+            log.error("checkpoint of round=%d not written (%s: %s); training goes on from memory, fix the folder "
+                      "%s or run.output_dir", snap.round, type(err).__name__, err.strerror or err,
+                      self.cfg.run.output_dir / "checkpoints")
+
+    def _linger(self) -> None:
+        """Keep serving after the last round until the others have it too (bounded)."""
+        end = time.monotonic() + min(self.sw.max_wait_s, 30.0)
+        while time.monotonic() < end and not self.stop.is_set():
+            rounds = [m.round for p, m in self.membership.members(max_age=0).items()
+                      if m.training and p != self.identity.peer_id]
+            if all(r >= self.engine.round for r in rounds):
+                break
+            time.sleep(0.5)
+
+    def _write_metrics(self, round_: int, outcome: Outcome, wait: float) -> None:
+        t, stats = self.tally, self.last_stats
+        append_metrics(self.metrics_path, {
+            "round": round_, "loss": self.last_loss, "hash": self.history.hashes.get(round_),
+            "applied": len(outcome.updates), "senders": outcome.senders, "steps": stats.steps if stats else 0,
+            "tokens": stats.tokens if stats else 0, "own_included": outcome.own_included, "wait_s": wait,
+            "inner_s": t.inner_s, "bytes_up": self.transport.bytes_up, "bytes_down": self.transport.bytes_down,
+            "rejected": self.rejections.total(), "resyncs": t.resyncs, "catchups": t.catchups,
+            "joined_round": t.joined_round, "phase_s": self.phases.totals(), "time": time.time()})
+
+    def _summary(self, wall: float) -> PeerSummary:
+        t, tr, n = self.tally, self.transport, max(1, self.tally.rounds_done)
+        return PeerSummary(
+            peer=self.identity.peer_id, rounds=self.engine.round, final_loss=self.last_loss,
+            val_loss_first=self.val_first, val_loss_last=self.val_last, param_hash=self.engine.param_hash(),
+            bytes_up=tr.bytes_up, bytes_down=tr.bytes_down, utilization=t.inner_s / wall if wall > 0 else 0.0,
+            comm_wait_s_per_round=t.wait_s / n,
+            utilization_steady=t.inner_s / (wall - t.drain_s) if wall > t.drain_s else 0.0,
+            comm_wait_s_per_round_steady=(t.wait_s - t.drain_wait_s) / max(1, t.rounds_done - 1),
+            rejected_updates=self.rejections.total(), rejected_by_sender=self.rejections.by_sender(),
+            resyncs=t.resyncs, own_excluded=t.own_excluded, contributed=t.contributed, abstained=t.abstained,
+            hashes=dict(self.history.hashes), joined_round=t.joined_round, first_contribution=t.first_contribution,
+            catchups=t.catchups, state_downloads=t.sync["downloads"], rejected_state_offers=t.sync["rejected_offers"],
+            resumed_round=t.resumed_round, state_bytes_up=tr.state_bytes_up,
+            own_update_bytes_up=tr.own_update_bytes_up,
+            phase_s_per_round={k: v / n for k, v in sorted(self.phases.totals().items())})

@@ -1,0 +1,111 @@
+"""Getting level with the swarm: when a peer starts, resumes, or finds its weights off the majority.
+
+A peer a few rounds behind (typically restarted from its own checkpoint) replays the missed rounds'
+updates when they weigh less than the state (catchup.py); otherwise, and always for a fresh peer or
+a forced re-sync, it downloads the swarm's newest agreed state (statesync.py). Either way the
+peer's round log learns what it now holds, and the peer does not lead its first round back.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from gradnode.node.config import SwarmConfig
+from gradnode.node.swarm import catchup, statesync
+from gradnode.node.swarm.history import RoundLog
+from gradnode.node.swarm.membership import Membership
+from gradnode.node.swarm.report import Tally
+from gradnode.node.swarm.transport import Transport
+from gradnode.protocol.records import WeightHash, majority_hash
+
+if TYPE_CHECKING:
+    from gradnode.node.train.engine import Engine
+
+log = logging.getLogger(__name__)
+
+
+class Sync:
+    """Levels ``engine`` with the swarm and records what it adopted in ``history``."""
+
+    def __init__(self, *, engine: "Engine", history: RoundLog, members: Membership, transport: Transport,
+                 cfg: SwarmConfig, run_id: str, shapes: dict[str, tuple[int, ...]], tally: Tally) -> None:
+        self.engine, self.history, self.members, self.transport = engine, history, members, transport
+        self.cfg, self.run_id, self.shapes, self.tally = cfg, run_id, shapes, tally
+
+    def level(self, reason: str, force: bool = False) -> None:
+        """Adopt the swarm's newest agreed state when it is ahead of ours (or when ``force``): replay the
+        missed rounds when that is cheaper, else download the full state."""
+        if not force and self._catch_up():
+            return
+        eng = self.engine
+        backup = eng.shared_state()
+
+        def accept(state: dict[str, Any], manifest: Any) -> bool:
+            try:
+                eng.load_shared_state(state)
+                ok = eng.param_hash() == manifest.param_hash
+            except (ValueError, KeyError, RuntimeError) as err:
+                log.warning("state from %s unusable: %s", manifest.peer[:12], err)
+                ok = False
+            if not ok:
+                eng.load_shared_state(backup)
+            return ok
+
+        got = statesync.fetch(transport=self.transport, membership=self.members, cfg=self.cfg, run_id=self.run_id,
+                              min_round=eng.round if force else eng.round + 1,
+                              deadline_s=self.cfg.max_wait_s if force else 3.0, accept=accept, stats=self.tally.sync)
+        if got is None:
+            if force:
+                log.warning("re-sync found no state offer; continuing")
+            return
+        _, manifest = got
+        self.tally.resyncs += force
+        h = self.history
+        h.hashes[eng.round - 1] = manifest.param_hash
+        h.trusted_from = eng.round - 1
+        h.rejoined = True
+        h.senders = self._agreed_senders(eng.round - 1)
+        log.info("state adopted reason=%s round=%d from=%s hash=%s", reason, eng.round,
+                 manifest.peer[:12], manifest.param_hash[:12])
+
+    def _catch_up(self) -> bool:
+        """Replay the rounds between our checkpoint and the swarm's newest state, when their updates are
+        kept (swarm.catchup_rounds) and weigh less than the state; True when we are level again."""
+        eng = self.engine
+        if self.cfg.catchup_rounds == 0 or (eng.round == 0 and self.tally.resumed_round is None):
+            return False  # a fresh peer has no history to build on: it downloads the state
+        offers = statesync.newest_offers(self.members, self.cfg, self.transport.peer_id, eng.round + 1)
+        if not offers:
+            return False
+        target = offers[0].round
+        if target - eng.round > self.cfg.catchup_rounds:
+            log.info("catch-up: %d rounds behind, beyond the window of %d", target - eng.round, self.cfg.catchup_rounds)
+            return False
+        missed = catchup.plan(self.members, eng.round, target)
+        if missed is None or not catchup.start_matches(eng, self.members):
+            return False
+        cost = sum(m.update_bytes for m in missed)
+        if cost >= offers[0].size:
+            log.info("catch-up: %d bytes of updates >= %d bytes of state; downloading the state", cost, offers[0].size)
+            return False
+        start = eng.round
+        ok = catchup.replay(eng, missed, transport=self.transport, membership=self.members, cfg=self.cfg,
+                            run_id=self.run_id, shapes=self.shapes, deadline_s=min(60.0, self.cfg.max_wait_s))
+        for m in missed[:eng.round - start]:
+            self.history.record(m.round, m.param_hash, m.included, m.update_bytes)
+        if ok:
+            self.tally.catchups += len(missed)
+            self.history.senders = [s for s, _ in missed[-1].included]
+            self.history.rejoined = True
+            log.info("caught up rounds=%d..%d by replay bytes=%d (state is %d) hash=%s", start, target - 1, cost,
+                     offers[0].size, eng.param_hash()[:12])
+        return ok
+
+    def _agreed_senders(self, round_: int) -> list[str]:
+        """Who made round ``round_`` by the swarm's reports (the next round's eligible leaders); [] if unknown."""
+        reports = [w for w in self.members.read("weights", round_, WeightHash) if w.round == round_]
+        found = majority_hash(reports)
+        if found is None:
+            return []
+        return sorted({s for w in reports if w.param_hash == found[0] for s, _ in w.included})

@@ -7,6 +7,9 @@ import torch (``gradnode --help`` stays fast).
 
 from __future__ import annotations
 
+import difflib
+import ipaddress
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -124,8 +127,6 @@ _RATE_UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8,
 
 def parse_rate(text: str) -> float:
     """'10mbit' -> 1.25e6 bytes/s; units: bit, kbit, mbit, gbit (bits/s) or b, kb, mb, gb, kib, mib, gib (bytes/s)."""
-    import re
-
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)(?:/s|ps)?\s*", text.lower())
     if not m or m.group(2) not in _RATE_UNITS:
         raise ValueError(f"bad rate '{text}': use e.g. 10mbit, 500kbit, 2MB (units {', '.join(_RATE_UNITS)})")
@@ -133,6 +134,56 @@ def parse_rate(text: str) -> float:
     if not 1e3 <= rate <= 1e11:
         raise ValueError(f"rate '{text}' must lie between 8kbit and 800gbit")
     return rate
+
+
+_B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+_MADDR_ARGS = {"ip4": "ip4", "ip6": "ip6", "dns": "host", "dns4": "host", "dns6": "host", "tcp": "port", "udp": "port",
+               "p2p": "peer", "ipfs": "peer", "quic": None, "quic-v1": None, "ws": None, "wss": None,
+               "p2p-circuit": None, "tls": None, "noise": None}
+
+
+def _peer_id_ok(text: str) -> bool:
+    """A base58 multihash of 34 bytes (sha2-256, RSA keys: Qm...) or an identity multihash (ed25519 keys)."""
+    if not 30 <= len(text) <= 64 or any(c not in _B58 for c in text):
+        return False
+    n = 0
+    for c in text:
+        n = n * 58 + _B58.index(c)
+    raw = n.to_bytes((n.bit_length() + 7) // 8, "big")
+    return (raw[:2] == b"\x12\x20" and len(raw) == 34) or (len(raw) >= 2 and raw[0] == 0 and raw[1] == len(raw) - 2)
+
+
+def check_multiaddr(text: str, need_peer_id: bool = False) -> str:
+    """``text`` if it reads as a libp2p multiaddr (e.g. /ip4/1.2.3.4/tcp/31337/p2p/Qm...), else ValueError
+    naming what is wrong; ``need_peer_id``: it must end with /p2p/<peer id> (an address to dial)."""
+    parts = text.split("/")
+    if not text.startswith("/") or len(parts) < 3:
+        raise ValueError(f"{text!r} is not a multiaddr: write it like /ip4/1.2.3.4/tcp/31337/p2p/Qm...")
+    i, last = 1, None
+    while i < len(parts):
+        proto = parts[i]
+        if proto not in _MADDR_ARGS:
+            raise ValueError(f"{text!r}: unknown protocol {proto!r} (expected ip4, ip6, dns, tcp, udp, p2p, ...)")
+        kind, i = _MADDR_ARGS[proto], i + 1
+        if kind is not None:
+            value = parts[i] if i < len(parts) else ""
+            i += 1
+            ok = {"ip4": lambda v: _ip(v, 4), "ip6": lambda v: _ip(v, 6), "port": lambda v: v.isdigit() and int(v) < 65536,
+                  "host": lambda v: re.fullmatch(r"[A-Za-z0-9.-]{1,253}", v) is not None, "peer": _peer_id_ok}[kind](value)
+            if not ok:
+                raise ValueError(f"{text!r}: {value!r} is not a valid {kind} for /{proto}")
+        last = proto
+    if need_peer_id and last not in ("p2p", "ipfs"):
+        raise ValueError(f"{text!r} has no peer id: a peer's address ends with /p2p/<its peer id>, as "
+                         "`gradnode bootstrap` prints it")
+    return text
+
+
+def _ip(value: str, version: int) -> bool:
+    try:
+        return ipaddress.ip_address(value).version == version
+    except ValueError:
+        return False
 
 
 class SwarmConfig(_Section):
@@ -200,6 +251,16 @@ class SwarmConfig(_Section):
     slowdown: float = Field(1.0, ge=1.0, le=100.0,
                             description="Testing aid: make every inner step this many times slower (sleep).")
 
+    @field_validator("initial_peers")
+    @classmethod
+    def _check_peers(cls, value: list[str]) -> list[str]:
+        return [check_multiaddr(m, need_peer_id=True) for m in value]
+
+    @field_validator("host_maddrs", "announce_maddrs")
+    @classmethod
+    def _check_maddrs(cls, value: list[str]) -> list[str]:
+        return [check_multiaddr(m) for m in value]
+
     @field_validator("bandwidth")
     @classmethod
     def _check_bandwidth(cls, value: str | None) -> str | None:
@@ -231,11 +292,30 @@ class Config(_Section):
     rounds: int = Field(50, ge=1, description="Rounds to train (gradnode train).")
 
 
-def _format_errors(err: ValidationError, source: str) -> str:
+def _fields_at(loc: tuple[Any, ...]) -> list[str]:
+    """The keys allowed in the section at ``loc`` (e.g. ('inner',) -> InnerConfig's fields)."""
+    model: type[BaseModel] = Config
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return []
+        model = field.annotation
+    return list(model.model_fields)
+
+
+def format_validation(err: ValidationError, source: str) -> str:
+    """One line per problem, each naming the dotted key; a mistyped key gets the nearest valid one."""
     lines = [f"invalid config {source}:"]
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "<root>"
-        lines.append(f"  {key}: {e['msg']}")
+        loc = tuple(e["loc"])
+        key = ".".join(str(p) for p in loc) or "<root>"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            allowed = _fields_at(loc[:-1])
+            near = difflib.get_close_matches(str(loc[-1]), allowed, n=1, cutoff=0.6)
+            msg = f"unknown key; did you mean `{near[0]}`?" if near else \
+                f"unknown key; the keys here are {', '.join(allowed)}" if allowed else "unknown key"
+        lines.append(f"  {msg}" if e["type"] == "value_error" and key.split(".")[0] in msg else f"  {key}: {msg}")
     return "\n".join(lines)
 
 
@@ -243,7 +323,7 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_format_errors(err, source)) from None
+        raise ConfigError(format_validation(err, source)) from None
 
 
 def load_config(path: Path | str | None, overrides: dict[str, Any] | None = None) -> Config:

@@ -3,10 +3,24 @@ through gradnode.node.sim.simulate, which stops every process it started by PID,
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+
+# Everything the tests and the processes they start write to the temp folder (pytest's tmp_path, the
+# libp2p daemons' sockets, multiprocessing and torch helper folders) goes to one folder per session.
+SESSION_TMP = tempfile.mkdtemp(prefix="gn-tests-")  # short: unix socket paths are capped at 107 bytes
+os.environ["TMPDIR"] = SESSION_TMP
+tempfile.tempdir = None  # re-read TMPDIR
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"temp folder of this session: {SESSION_TMP} (removed when every test passes)"
+
 
 # A model small enough for several peers per core; 4 inner steps per round.
 TINY_SWARM = ["model.n_layer=1", "model.n_head=2", "model.d_model=32", "model.seq_len=32", "inner.batch_size=4",
@@ -14,8 +28,25 @@ TINY_SWARM = ["model.n_layer=1", "model.n_head=2", "model.d_model=32", "model.se
               "checkpoint.every_rounds=2"]
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A passing run leaves nothing behind: the temp folder of the session goes (a failing run keeps it to
+    look at, its path in the first line of the output)."""
+    if exitstatus == 0:
+        from multiprocessing import util
+
+        # last of all at exit: after multiprocessing removed its own folder in it (priority -100)
+        util.Finalize(None, shutil.rmtree, args=(SESSION_TMP,), kwargs={"ignore_errors": True}, exitpriority=-101)
+
+
+def temp_leftovers() -> set[str]:
+    """What hivemind's daemons and multiprocessing leave in the temp folder when their process is killed."""
+    return {p.name for p in Path(tempfile.gettempdir()).iterdir()
+            if p.name.startswith(("hivemind-", "pymp-", "gn-"))}
+
+
 @pytest.fixture
 def run_swarm(tmp_path: Path) -> Callable[..., dict[str, Any]]:
+    """Run a simulated swarm; afterwards nothing it made is left in the temp folder (kill -9s included)."""
     from gradnode.node.sim import simulate as sim
 
     def run(peers: int, rounds: int, peer_overrides: dict[int, list[str]] | None = None, on_swarm: Any = None,
@@ -23,7 +54,10 @@ def run_swarm(tmp_path: Path) -> Callable[..., dict[str, Any]]:
         settings = sim.SimSettings(peers=peers, rounds=rounds, config=None, out_dir=tmp_path / "swarm",
                                    overrides=[*TINY_SWARM, *(extra or [])], peer_overrides=peer_overrides or {},
                                    timeout_s=timeout_s, eval_peers=1, faults=faults)
-        return sim.run(settings, live=False, on_swarm=on_swarm)
+        before = temp_leftovers()
+        summary = sim.run(settings, live=False, on_swarm=on_swarm)
+        assert temp_leftovers() <= before, f"left in the temp folder: {temp_leftovers() - before}"
+        return summary
 
     return run
 

@@ -5,6 +5,7 @@ work fails before any process starts."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -39,19 +40,25 @@ CLIENT = "import socket, sys; c = socket.create_connection((sys.argv[1], int(sys
          "c.sendall(bytes(int(sys.argv[3]))); c.close()"
 
 
+# iptables is optional (netns.Links adds its FORWARD rule only where iptables exists): look at its rules
+# only where it is installed
+LISTINGS = [["ip", "netns", "list"], ["ip", "-o", "link", "show"]] + \
+    ([["iptables", "-S", "FORWARD"]] if shutil.which("iptables") else [])
+
+
 def gn_names() -> set[str]:
     """Namespaces, interfaces and names in FORWARD rules that start with gn (what netns.Links creates)."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     out += [line.split(":")[1].strip().split("@")[0] for line in links.splitlines()]
-    out += [w for w in subprocess.run(["iptables", "-S", "FORWARD"], capture_output=True, text=True).stdout.split()]
+    for cmd in LISTINGS[2:]:
+        out += subprocess.run(cmd, capture_output=True, text=True).stdout.split()
     return {name for name in out if name.startswith("gn")}
 
 
 def leftovers(links: netns.Links) -> list[str]:
     """Names of this run's namespaces, interfaces and iptables rule that still exist."""
-    text = " ".join(subprocess.run(cmd, capture_output=True, text=True).stdout
-                    for cmd in (["ip", "netns", "list"], ["ip", "-o", "link", "show"], ["iptables", "-S", "FORWARD"]))
+    text = " ".join(subprocess.run(cmd, capture_output=True, text=True).stdout for cmd in LISTINGS)
     return [name for name in links.names() if name in text]
 
 

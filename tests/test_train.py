@@ -1,3 +1,5 @@
+import threading
+
 from typer.testing import CliRunner
 
 from _tiny import tiny_config
@@ -35,3 +37,33 @@ def test_cli_train_missing_data_path(tmp_path):
     result = CliRunner().invoke(app, ["train", "--output-dir", str(tmp_path), "--set", "data.source=text",
                                       "--set", f"data.paths=[{tmp_path / 'nope'}]"])
     assert result.exit_code == 2 and "data.paths" in result.output
+
+
+class _StopAfter(threading.Event):
+    """A Ctrl+C that arrives after the loop asked ``n`` times whether to stop (mid-round, deterministically)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    def is_set(self) -> bool:
+        self.n -= 1
+        if self.n < 0:
+            self.set()
+        return super().is_set()
+
+
+def test_a_stop_mid_round_resumes_to_the_same_weights(tmp_path):
+    from gradnode.node.train.engine import Engine
+
+    whole = train(tiny_config(tmp_path / "whole", rounds=3), eval_batches=1)
+    assert whole.stopped_at_step is None
+    cfg = tiny_config(tmp_path / "cut", rounds=3)
+    cut = train(cfg, eval_batches=1, stop=_StopAfter(8))  # 2 checks per round + 1 per step: inside round 2
+    assert cut.stopped_at_step is not None and 0 < cut.stopped_at_step < cfg.inner.steps and cut.last_round == 1
+    assert cut.checkpoint is not None
+    rest = train(cfg, eval_batches=1)
+    assert rest.first_round == 1 and rest.last_round == 3
+    done = [Engine.resume(tiny_config(tmp_path / name, rounds=3), tmp_path / name / "checkpoints")
+            for name in ("whole", "cut")]
+    assert done[0].param_hash() == done[1].param_hash()

@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 _SEQ = itertools.count()  # Links made by this process: part of the names, so two never clash
 _SEQ_LETTERS = "ghijklmnopqrstuvwxyz"  # not hex digits: the letter ends the pid unambiguously
 _SUBNETS = ipaddress.ip_network("10.231.0.0/16")  # the /24s tried, starting at one picked by the pid
-_LOCK = Path(tempfile.gettempdir()) / "gradnode-netns.lock"  # serialises picking a /24 and claiming it
+# serialises picking a /24 and claiming it; /run/lock is where Linux keeps lock files (the temp folder elsewhere)
+_LOCK = (Path("/run/lock") if os.access("/run/lock", os.W_OK) else Path(tempfile.gettempdir())) / "gradnode-netns.lock"
 _ROUTE_TYPES = ("unicast", "local", "broadcast", "multicast", "blackhole", "unreachable", "prohibit", "throw", "nat")
 _MAX_PEERS = 200  # host .1, peers .10 upwards within one /24
 

@@ -20,9 +20,11 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -95,15 +97,19 @@ class Swarm:
         self.args: dict[str, list[str]] = {}  # the command of every peer, for restarts
         self.starts: dict[str, list[int]] = {}  # swarm round at every (re)start of a process
         self.initial: list[str] = []
+        # every process's temp files (the libp2p daemon's sockets, multiprocessing folders) go to one short
+        # folder of this run, removed at the end: a kill -9 leaves nothing behind in /tmp
+        self.tmp = tempfile.mkdtemp(prefix="gn-")
 
     def __enter__(self) -> "Swarm":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.stop_all()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", TMPDIR=self.tmp)
         logf = open(self.s.out_dir / f"{name}.log", "a")
         self.logs.append(logf)
         prefix = self.links.exec_prefix(_index(name)) if self.links and name != "bootstrap" else []
@@ -141,7 +147,11 @@ class Swarm:
             if self.procs["bootstrap"].poll() is not None:
                 break
             time.sleep(0.2)
-        raise RuntimeError(f"bootstrap did not start; see {self.s.out_dir / 'bootstrap.log'}")
+        log_path = self.s.out_dir / "bootstrap.log"
+        errors = [line for line in log_path.read_text().splitlines() if line.startswith("error: ")] \
+            if log_path.exists() else []
+        raise ValueError(f"the bootstrap did not start: {errors[-1][7:] if errors else 'no address within '}"
+                         f"{'' if errors else f'{timeout:.0f} s'} (its log: {log_path})")
 
     def start_peer(self, i: int, initial: list[str], min_peers: int | None = None, round_: int = 0) -> None:
         name = f"peer-{i}"
@@ -265,26 +275,40 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+# The live view fits 80 columns: short headers, explained once under the table.
+LIVE_COLUMNS = ("peer", "round", "loss", "weights", "upd", "up MB", "dn MB", "wait", "rej", "sync")
+LIVE_LEGEND = ("weights: hash of the shared weights; upd: updates applied in the round; wait: seconds the "
+               "round's outcome was waited for; rej: updates rejected; sync: re-syncs")
+
+
+def peer_name(index: int) -> str:
+    return f"peer-{index}"
+
+
 def live_table(s: SimSettings, started: float) -> Any:
+    from rich import box
     from rich.table import Table
 
-    t = Table(title=f"gradnode simulate: {s.peers} peers, {time.monotonic() - started:.0f}s")
-    for col in ("peer", "round", "loss", "weights", "applied", "up MB", "down MB", "wait s", "rejected", "resyncs"):
-        t.add_column(col, justify="right")
+    t = Table(title=f"gradnode simulate: {s.peers} peers, {time.monotonic() - started:.0f} s", box=box.SIMPLE_HEAD,
+              pad_edge=False,
+              caption=LIVE_LEGEND, caption_justify="left")
+    for col in LIVE_COLUMNS:
+        t.add_column(col, justify="left" if col == "peer" else "right", no_wrap=True)
     for i in range(s.peers):
-        rows = read_metrics(s.out_dir / f"peer-{i}" / "metrics.jsonl")
+        rows = read_metrics(s.out_dir / peer_name(i) / "metrics.jsonl")
         if not rows:
-            t.add_row(str(i), "-", "-", "starting", "", "", "", "", "", "")
+            t.add_row(peer_name(i), "start", "-", "-", "", "", "", "", "", "")
             continue
         r = rows[-1]
-        t.add_row(str(i), f"{r['round'] + 1}/{s.rounds}", f"{r['loss']:.3f}" if r["loss"] else "-",
-                  (r["hash"] or "")[:10], str(r["applied"]), f"{r['bytes_up'] / 1e6:.2f}",
-                  f"{r['bytes_down'] / 1e6:.2f}", f"{r['wait_s']:.2f}", str(r["rejected"]), str(r["resyncs"]))
+        t.add_row(peer_name(i), f"{r['round'] + 1}/{s.rounds}", f"{r['loss']:.3f}" if r["loss"] else "-",
+                  (r["hash"] or "")[:6], str(r["applied"]), f"{r['bytes_up'] / 1e6:.1f}",
+                  f"{r['bytes_down'] / 1e6:.1f}", f"{r['wait_s']:.1f}", str(r["rejected"]), str(r["resyncs"]))
     return t
 
 
-def run(s: SimSettings, *, live: bool = True, on_swarm: Any = None) -> dict[str, Any]:
-    """Run the swarm to the end; returns the summary object (`--json`)."""
+def run(s: SimSettings, *, live: bool = True, on_swarm: Any = None, console: Any = None) -> dict[str, Any]:
+    """Run the swarm to the end; returns the summary object (`--json`). The live view goes to ``console``
+    (stderr by default), the one logging writes to, so that log lines print above it."""
     from rich.console import Console
     from rich.live import Live
 
@@ -313,7 +337,7 @@ def run(s: SimSettings, *, live: bool = True, on_swarm: Any = None) -> dict[str,
         if on_swarm is not None:
             on_swarm(swarm)
         end = started + s.timeout_s
-        console = Console(stderr=True)
+        console = console or Console(stderr=True)
         with Live(live_table(s, started), console=console, refresh_per_second=2, transient=False,
                   auto_refresh=False) as view:
             while (swarm.peers_running() or pending) and time.monotonic() < end:
@@ -404,7 +428,7 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     out = Path(summary["out_dir"])
     for p in summary["peers"]:
         rows = read_metrics(out / f"peer-{p.get('index', 0)}" / "metrics.jsonl")
-        ax.plot([r["round"] for r in rows], [r["loss"] for r in rows], label=str(p["peer"])[:10])
+        ax.plot([r["round"] for r in rows], [r["loss"] for r in rows], label=peer_name(p.get("index", 0)))
     ax.set_xlabel("round")
     ax.set_ylabel("train loss")
     ax.legend(fontsize=7)
@@ -412,20 +436,26 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def print_summary(summary: dict[str, Any]) -> None:
+def print_summary(summary: dict[str, Any], console: Any = None) -> None:
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"{summary['rounds']} rounds in {summary['seconds']}s; val loss "
-                    f"{summary['val_loss_first']} -> {summary['val_loss_last']}; identical weights: "
-                    f"{summary['identical_hashes']}; link shaping: {summary.get('link', 'none')}")
-    for col in ("peer", "rounds", "final loss", "weights", "up MB", "down MB", "utilization", "rejected"):
-        t.add_column(col, justify="right")
+    def r3(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    t = Table(title=f"{summary['rounds']} rounds in {summary['seconds']:.0f} s; val loss {r3(summary['val_loss_first'])}"
+                    f" -> {r3(summary['val_loss_last'])}; identical weights: "
+                    f"{'yes' if summary['identical_hashes'] else 'NO'}; link shaping: {summary.get('link', 'none')}",
+              box=box.SIMPLE_HEAD)
+    for col in ("peer", "id", "rounds", "loss", "weights", "up MB", "dn MB", "util", "rej"):
+        t.add_column(col, justify="left" if col in ("peer", "id") else "right", no_wrap=True)
     for p in summary["peers"]:
+        name = peer_name(p["index"])
         if "error" in p:
-            t.add_row(p["peer"], "-", "-", p["error"], "", "", "", "")
+            t.add_row(name, "-", "-", "-", p["error"], "", "", "", "")
             continue
-        t.add_row(p["peer"][:12], str(p["rounds"]), f"{p['final_loss']:.3f}" if p["final_loss"] else "-",
-                  p["param_hash"][:12], f"{p['bytes_up'] / 1e6:.2f}", f"{p['bytes_down'] / 1e6:.2f}",
-                  f"{p['utilization']:.1%}", str(p["rejected_updates"]))
-    Console().print(t)
+        t.add_row(name, p["peer"][:8], str(p["rounds"]), r3(p["final_loss"]), p["param_hash"][:8],
+                  f"{p['bytes_up'] / 1e6:.2f}", f"{p['bytes_down'] / 1e6:.2f}", f"{p['utilization']:.1%}",
+                  str(p["rejected_updates"]))
+    (console or Console()).print(t)

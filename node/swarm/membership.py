@@ -14,13 +14,14 @@ import threading
 import time
 from typing import TypeVar
 
+from gradnode.node import __version__
 from gradnode.node.swarm.identity import Identity, peer_id_from_public_der, verify
 from gradnode.node.swarm.transport import Transport
 from gradnode.protocol.records import PROTOCOL_VERSION, MemberRecord, Record, RecordError, dht_key
 
 log = logging.getLogger(__name__)
 
-SOFTWARE_VERSION = "gradnode/0.1.0"
+SOFTWARE_VERSION = f"gradnode/{__version__}"[:32]
 R = TypeVar("R", bound=Record)
 _AUTHOR_FIELD = {"update": "sender", "proposal": "proposer", "weights": "peer", "state": "peer", "member": "peer_id",
                  "holdings": "peer"}

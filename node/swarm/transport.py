@@ -16,7 +16,9 @@ import asyncio
 import concurrent.futures
 import logging
 import random
+import shutil
 import struct
+import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -42,7 +44,27 @@ _CHUNK = 64 * 1024
 _HEADER = struct.Struct(">BQ")  # status, length
 _MAX_REQUEST = 1024
 _MAX_DHT_VALUE = 32 * 1024
+_SOCKET_PREFIX_LOCK = threading.Lock()  # hivemind reads the socket folder from a class attribute
 Sources = list[tuple[str, list[str]]] | Callable[[], list[tuple[str, list[str]]]]
+
+
+class TransportError(ValueError):
+    """The peer-to-peer layer cannot start: no initial peer answers, a port is taken, an address is bad.
+    The message names the address and what to check."""
+
+
+def explain_start_failure(err: BaseException, initial: list[str], hosts: list[str]) -> str:
+    """One line for a libp2p daemon that did not start, in the user's terms (not the daemon's)."""
+    text = str(err)
+    if "failed to connect to bootstrap peers" in text:
+        return (f"no initial peer answered ({', '.join(initial)}): check that a gradnode bootstrap or peer runs "
+                "there, that the address, port and /p2p/ id are the ones it printed, and that no firewall blocks it")
+    if "address already in use" in text:
+        return (f"cannot listen on {', '.join(hosts)}: the port is in use by another process; pick another port "
+                "(--host, or swarm.host_maddrs; /tcp/0 takes any free one)")
+    if "multiaddr" in text or "p2p addr" in text:
+        return f"a multiaddr was refused ({', '.join(initial + hosts)}): {text.splitlines()[-1].strip()}"
+    return f"the libp2p daemon did not start: {text.strip().splitlines()[-1] if text.strip() else type(err).__name__}"
 
 
 class TokenBucket:
@@ -125,6 +147,7 @@ class Transport:
         self._thread = threading.Thread(target=self._loop.run_forever, name="gradnode-transport", daemon=True)
         self._dht_lock = threading.Lock()
         self._closed = False
+        self._sockdir: str | None = None
 
     # --- lifecycle -------------------------------------------------------------------------------------
 
@@ -134,13 +157,23 @@ class Transport:
         self._validator = RSASignatureValidator(key)
         # client mode (behind NAT): listen nowhere; streams only go out, updates are pushed to reachable peers
         hosts = [] if self.cfg.client_mode else list(self.cfg.host_maddrs)
-        self._dht = hivemind.DHT(
-            initial_peers=list(self.cfg.initial_peers) or None, start=True,
-            host_maddrs=hosts, announce_maddrs=list(self.cfg.announce_maddrs) or None,
-            client_mode=self.cfg.client_mode, identity_path=str(self.identity.path),
-            record_validators=[self._validator], startup_timeout=timeout, await_ready=True)
-        self._thread.start()
-        self._p2p = self._run(self._dht.replicate_p2p(), timeout)
+        # the daemon's unix sockets go to a folder of our own in the temp folder (TMPDIR; hivemind's default
+        # is /tmp itself), removed on close and after a failed start; `simulate` sets TMPDIR to one folder
+        # per run, removed at its end, so that peers killed with -9 leave nothing behind either
+        self._sockdir = tempfile.mkdtemp(prefix="gn-p2p-")
+        with _SOCKET_PREFIX_LOCK:
+            P2P._UNIX_SOCKET_PREFIX = f"/unix{self._sockdir}/hivemind-"
+            try:
+                self._dht = hivemind.DHT(
+                    initial_peers=list(self.cfg.initial_peers) or None, start=True,
+                    host_maddrs=hosts, announce_maddrs=list(self.cfg.announce_maddrs) or None,
+                    client_mode=self.cfg.client_mode, identity_path=str(self.identity.path),
+                    record_validators=[self._validator], startup_timeout=timeout, await_ready=True)
+            except Exception as err:  # the daemon's own words read like a local fault: say what to check
+                shutil.rmtree(self._sockdir, ignore_errors=True)
+                raise TransportError(explain_start_failure(err, list(self.cfg.initial_peers), hosts)) from err
+            self._thread.start()
+            self._p2p = self._run(self._dht.replicate_p2p(), timeout)
         if not self.cfg.client_mode:
             self._run(self._p2p.add_binary_stream_handler(_GET, self._serve), timeout)
             self._run(self._p2p.add_binary_stream_handler(_PUSH, self._receive_push), timeout)
@@ -168,6 +201,8 @@ class Transport:
                 log.debug("transport loop cleanup error=%r", err)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
+        if self._sockdir is not None:
+            shutil.rmtree(self._sockdir, ignore_errors=True)
 
     @property
     def peer_id(self) -> str:

@@ -1,13 +1,20 @@
 """`gradnode train`: one peer alone, end to end (its own update is the whole round's aggregate).
 
 The loop reads like nanoGPT's train.py: inner steps, outer step, evaluate, checkpoint, log.
+
+Stopping (``stop`` set, e.g. by Ctrl+C) ends the inner steps at the next step boundary and writes a
+checkpoint of exactly that moment, mid-round included; the same command then resumes where it stopped
+and runs only the rest of that round's steps, so an interrupted and resumed run equals an
+uninterrupted one.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -23,7 +30,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class TrainSummary:
-    rounds: int
+    rounds: int  # rounds completed by this run
     tokens: int
     seconds: float
     train_loss: float
@@ -32,19 +39,34 @@ class TrainSummary:
     bytes_per_round: float
     params: int
     checkpoint: str | None
+    first_round: int = 0  # the round this run started at (> 0: resumed)
+    last_round: int = 0  # rounds completed in all, after this run
+    stopped_at_step: int | None = None  # set when stopped mid-round: inner steps done in that round
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
+def open_engine(cfg: Config, device: str | None = None) -> tuple[Engine, Path | None]:
+    """A fresh engine, or the newest valid checkpoint of run.output_dir (with checkpoint.resume);
+    returns the checkpoint folder it resumed from, if any."""
+    from gradnode.node.train import checkpoint
+
+    ckpt_dir = cfg.run.output_dir / "checkpoints"
+    found = checkpoint.list_checkpoints(ckpt_dir) if cfg.checkpoint.resume else []
+    engine = Engine.resume(cfg, ckpt_dir, device=device) if found else Engine(cfg, device=device)
+    return engine, (found[0] if found else None)
+
+
 def train(cfg: Config, eval_every: int = 5, eval_batches: int = 8, console: Console | None = None,
-          device: str | None = None) -> TrainSummary:
+          device: str | None = None, stop: threading.Event | None = None) -> TrainSummary:
     """Train ``cfg.rounds`` rounds (resuming from run.output_dir when checkpoint.resume)."""
     console = console or Console(stderr=True)
+    stop = stop or threading.Event()
     ckpt_dir = cfg.run.output_dir / "checkpoints"
-    engine = Engine.resume(cfg, ckpt_dir, device=device) if cfg.checkpoint.resume else Engine(cfg, device=device)
-    first_round = engine.round
+    engine, _ = open_engine(cfg, device)
+    first_round, h = engine.round, cfg.inner.steps
     val_start = engine.evaluate(eval_batches)
     val_loss, train_loss, sent, tokens = val_start, float("nan"), 0, 0
     saved = None
@@ -53,13 +75,16 @@ def train(cfg: Config, eval_every: int = 5, eval_batches: int = 8, console: Cons
                TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task("train", total=cfg.rounds, completed=first_round, info="")
-        while engine.round < cfg.rounds:
-            stats = engine.inner_round()
+        while engine.round < cfg.rounds and not stop.is_set():
+            done_in_round = engine.step - engine.round * h  # > 0 when resumed from a mid-round stop
+            stats = engine.inner_round(max_steps=h - done_in_round, should_stop=stop.is_set)
+            tokens += stats.tokens
+            if stop.is_set():
+                break  # mid-round: the checkpoint below keeps exactly this moment
             payload = engine.make_update(sender="local")
             engine.apply_aggregate([decode_update(payload)])
             sent += len(payload)
-            tokens += stats.tokens
-            train_loss = stats.loss
+            train_loss = stats.loss if stats.steps else train_loss
             if engine.round % eval_every == 0 or engine.round == cfg.rounds:
                 val_loss = engine.evaluate(eval_batches)
             if cfg.checkpoint.every_rounds and (engine.round % cfg.checkpoint.every_rounds == 0
@@ -69,15 +94,21 @@ def train(cfg: Config, eval_every: int = 5, eval_batches: int = 8, console: Cons
                      stats.tokens_per_s, len(payload))
             progress.update(task, completed=engine.round,
                             info=f"loss {train_loss:.3f} val {val_loss:.3f} {stats.tokens_per_s:,.0f} tok/s")
+    stopped_at = None
+    if stop.is_set():
+        stopped_at = engine.step - engine.round * h
+        saved = engine.save_checkpoint(ckpt_dir)
     done = engine.round - first_round
     return TrainSummary(rounds=done, tokens=tokens, seconds=time.perf_counter() - t0, train_loss=train_loss,
                         val_loss_start=val_start, val_loss=val_loss, bytes_per_round=sent / done if done else 0.0,
-                        params=count_params(engine.model), checkpoint=str(saved) if saved else None)
+                        params=count_params(engine.model), checkpoint=str(saved) if saved else None,
+                        first_round=first_round, last_round=engine.round, stopped_at_step=stopped_at)
 
 
 def summary_table(cfg: Config, s: TrainSummary) -> Table:
     table = Table(title=f"gradnode train: {cfg.run.run_id} ({cfg.outer.algorithm})", show_header=False)
-    rows = [("parameters", f"{s.params:,}"), ("rounds run", str(s.rounds)), ("tokens", f"{s.tokens:,}"),
+    rounds = f"{s.rounds} (rounds {s.first_round + 1}-{s.last_round} of {cfg.rounds})" if s.rounds else "0"
+    rows = [("parameters", f"{s.params:,}"), ("rounds run", rounds), ("tokens", f"{s.tokens:,}"),
             ("time", f"{s.seconds:.1f} s"), ("throughput", f"{s.tokens_per_s:,.0f} tokens/s"),
             ("train loss (last round)", f"{s.train_loss:.4f}"),
             ("val loss", f"{s.val_loss_start:.4f} -> {s.val_loss:.4f}"),

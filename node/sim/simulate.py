@@ -353,6 +353,8 @@ def run(s: SimSettings, *, live: bool = True, on_swarm: Any = None, console: Any
                     view.update(live_table(s, started), refresh=True)
                 time.sleep(0.5)
             view.update(live_table(s, started), refresh=True)
+        if not console.is_terminal:
+            console.line()  # a log file or pipe: end the last frame's line before the summary follows
         starts = dict(swarm.starts)
     return {**collect(s, time.monotonic() - started, starts), "link": link}
 

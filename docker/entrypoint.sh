@@ -1,6 +1,7 @@
 #!/bin/sh
-# Container roles. `bootstrap` serves the DHT with a stable identity and writes its multiaddrs to
-# /swarm; `peer` waits for them and joins. Anything else runs `gradnode <args>`.
+# Container roles. `bootstrap` serves the DHT with a stable identity (and, restarted, dials the peers of
+# its address book) and writes its multiaddrs to /swarm; `peer` waits for them and joins. Anything else
+# runs `gradnode <args>`.
 set -eu
 role=${1:-peer}
 [ $# -gt 0 ] && shift
@@ -16,8 +17,11 @@ case "$role" in
     maddr=$(grep -v '/ip4/127\.' /swarm/bootstrap.maddrs | head -n 1)
     dir=/data/$(hostname)
     mkdir -p "$dir"
+    # a restarted container keeps its folder: its key, checkpoints and address book (it finds the swarm
+    # through the peers it knew even when the bootstrap's address changed or its DHT is empty)
     exec gradnode join --config "$config" --initial-peer "$maddr" --output-dir "$dir" \
-      --metrics "$dir/metrics.jsonl" --summary "$dir/summary.json" "$@" ;;
+      --metrics "$dir/metrics.jsonl" --summary "$dir/summary.json" \
+      --set "swarm.expected_peers=${GRADNODE_EXPECT_PEERS:-0}" "$@" ;;
   *)
     exec gradnode "$role" "$@" ;;
 esac

@@ -282,6 +282,10 @@ def _run_peer(cfg: Config, *, train: bool, peer_index: Optional[int], device: Op
     from gradnode.node.swarm.peer import Peer
     from gradnode.node.swarm.report import summary_json
 
+    import faulthandler
+
+    with contextlib.suppress(ValueError, AttributeError):  # stderr without a file descriptor (embedded, tests)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack, in the log
     with _user_errors(verbose):
         out = _writable(cfg.run.output_dir, "--output-dir or run.output_dir")
         _say(f"run folder: {out}")
@@ -405,6 +409,22 @@ def status_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = S
                       f"{m.loss:.3f}" if m.loss is not None else "-", f"{m.bytes_up / 1e6:.1f}",
                       f"{m.bytes_down / 1e6:.1f}", str(m.rejected), f"{now - m.time:.0f}s ago", m.software_version)
     Console().print(table)
+
+
+@command("health")
+def health_cmd(output_dir: Path = typer.Option(..., "--output-dir", metavar="DIR",
+                                              help="The peer's run folder (its run.output_dir)."),
+               max_age: float = typer.Option(60.0, "--max-age", min=1.0, metavar="SECONDS",
+                                             help="Older health reports count as a hung or dead peer.")) -> None:
+    """Exit 0 while the peer of DIR trains in one swarm with the others (a container healthcheck).
+
+    Unhealthy (exit 1, one line why): it follows another chain of weights than most peers it sees (a split
+    swarm), sees fewer trainers than swarm.expected_peers, waits for peers, or stopped reporting."""
+    from gradnode.node.swarm import health
+
+    ok, why = health.check(output_dir, max_age)
+    typer.echo(("healthy: " if ok else "unhealthy: ") + why)
+    raise typer.Exit(0 if ok else 1)
 
 
 # --- simulation and benchmarks ---

@@ -168,9 +168,7 @@ def check_multiaddr(text: str, need_peer_id: bool = False) -> str:
         if kind is not None:
             value = parts[i] if i < len(parts) else ""
             i += 1
-            ok = {"ip4": lambda v: _ip(v, 4), "ip6": lambda v: _ip(v, 6), "port": lambda v: v.isdigit() and int(v) < 65536,
-                  "host": lambda v: re.fullmatch(r"[A-Za-z0-9.-]{1,253}", v) is not None, "peer": _peer_id_ok}[kind](value)
-            if not ok:
+            if not _MADDR_VALUE[kind](value):
                 raise ValueError(f"{text!r}: {value!r} is not a valid {kind} for /{proto}")
         last = proto
     if need_peer_id and last not in ("p2p", "ipfs"):
@@ -184,6 +182,11 @@ def _ip(value: str, version: int) -> bool:
         return ipaddress.ip_address(value).version == version
     except ValueError:
         return False
+
+
+_MADDR_VALUE = {"ip4": lambda v: _ip(v, 4), "ip6": lambda v: _ip(v, 6),
+                "port": lambda v: v.isdigit() and int(v) < 65536,
+                "host": lambda v: re.fullmatch(r"[A-Za-z0-9.-]{1,253}", v) is not None, "peer": _peer_id_ok}
 
 
 class SwarmConfig(_Section):
@@ -223,8 +226,18 @@ class SwarmConfig(_Section):
     min_steps: int = Field(1, ge=1, le=100_000,
                            description="Fewest inner steps a slow peer runs before cutting its round at the "
                                        "swarm's deadline.")
-    min_peers: int = Field(1, ge=1, le=10_000,
-                           description="Training peers to wait for (up to swarm.max_wait_s) before the first round.")
+    min_peers: int = Field(2, ge=1, le=10_000,
+                           description="Training peers (this one included) to see before the first round; a "
+                                       "peer waits for them, saying so, as long as it takes (a swarm already "
+                                       "training counts as enough). With 2 or more a peer never trains alone: "
+                                       "one that sees no other trainer of its run pauses until it does. 1: "
+                                       "training alone is allowed.")
+    connect_timeout_s: float = Field(60.0, ge=0.0, le=86400.0,
+                                     description="How long a starting peer keeps trying its initial peers and "
+                                                 "address book when none answers, before it gives up (exit 2).")
+    expected_peers: int = Field(0, ge=0, le=10_000,
+                                description="Training peers the operator expects in the run; `gradnode health` "
+                                            "fails while this peer sees fewer. 0: no expectation.")
     catchup_rounds: int = Field(8, ge=0, le=10_000,
                                 description="Rounds of applied updates every peer keeps and serves; a peer that "
                                             "was away (or restarts from its checkpoint) at most this many rounds "
@@ -248,6 +261,10 @@ class SwarmConfig(_Section):
                             "peers must reject them. 'drift' nudges this peer's own weights once (at "
                             "fault_round): its hash check must notice and re-sync it from the majority.")
     fault_round: int = Field(1, ge=0, le=2**40, description="Testing aid: the round from which swarm.fault applies.")
+    fault_partition_file: Path | None = Field(
+        None, description="Testing aid (`simulate --faults partition:...` without network namespaces): a JSON file "
+                          "{\"blocked\": [peer ids]} this peer re-reads every second; it drops their records, "
+                          "streams and dials, as if the network between them were cut.")
     slowdown: float = Field(1.0, ge=1.0, le=100.0,
                             description="Testing aid: make every inner step this many times slower (sleep).")
 

@@ -27,6 +27,7 @@ Digest = Annotated[str, StringConstraints(min_length=64, max_length=64, pattern=
 Maddr = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 Signature = Annotated[bytes, Field(min_length=1, max_length=512)]
 Round = Annotated[int, Field(ge=0, le=2**40)]
+Hash = Annotated[str, StringConstraints(min_length=8, max_length=128, pattern=r"^[0-9a-f]+$")]
 
 
 class RecordError(ProtocolError):
@@ -85,6 +86,7 @@ class MemberRecord(Record):
     """A peer's signed, expiring presence: who it is, where to reach it, how fast it trains."""
 
     kind: ClassVar[str] = "member"
+    _tuple_lists: ClassVar[tuple[str, ...]] = ("chain",)
     peer_id: PeerId
     public_key: bytes = Field(min_length=64, max_length=1024, description="RSA public key, DER (SPKI).")
     maddrs: list[Maddr] = Field(max_length=16)
@@ -103,6 +105,9 @@ class MemberRecord(Record):
     leaving: bool = False
     reachable: bool = Field(True, description="Accepts inbound streams; False for a client-mode peer (behind "
                                               "NAT), whose updates others fetch from the peers it pushed them to.")
+    chain: list[tuple[Round, Hash]] = Field(default_factory=list, max_length=8,
+                                            description="The newest states this peer holds, (round r, weight "
+                                                        "hash after applying r), oldest first (protocol/chain.py).")
 
 
 class UpdateAnnouncement(Record):
@@ -142,7 +147,7 @@ class WeightHash(Record):
     _tuple_lists: ClassVar[tuple[str, ...]] = ("included",)
     round: Round
     peer: PeerId
-    param_hash: str = Field(min_length=8, max_length=128, pattern=r"^[0-9a-f]+$")
+    param_hash: Hash
     included: list[tuple[PeerId, Digest]] = Field(default_factory=list, max_length=MAX_PEERS_PER_ROUND)
     update_bytes: int = Field(0, ge=0, le=2**50, description="Total size of the included update blobs.")
 
@@ -162,7 +167,7 @@ class StateManifest(Record):
     kind: ClassVar[str] = "state"
     round: Round
     peer: PeerId
-    param_hash: str = Field(min_length=8, max_length=128, pattern=r"^[0-9a-f]+$")
+    param_hash: Hash
     size: int = Field(ge=1, le=2**40)
     chunks: list[Digest] = Field(min_length=1, max_length=MAX_STATE_CHUNKS)
     time: float = Field(ge=0.0, le=1e11)

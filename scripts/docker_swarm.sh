@@ -4,9 +4,10 @@
 # each peer's loss, and tear everything down (volumes included).
 #   PEERS=4 ROUNDS=5 PRESET=swarm-demo.yaml bash scripts/docker_swarm.sh
 # CHAOS=1: a straggler (every inner step 5x slower) trains from the start; once every peer has
-# finished round 2, kill -9 one peer's container, start the same container again (same key and
-# checkpoints: it resumes and catches up) and add a late joiner; the check then expects PEERS+2
-# peers on one hash.
+# finished round 2, kill -9 the bootstrap's container and one peer's, start both again (same keys,
+# checkpoints and address books: the bootstrap comes back with an empty DHT and dials the peers it
+# knew, the peer resumes and catches up) and scale up by two late joiners, which know only the
+# bootstrap's address; the check then expects PEERS+3 peers on one hash, each container healthy.
 # Works with `docker compose` and with `docker-compose` (v1).
 set -euo pipefail
 peers=${PEERS:-4} rounds=${ROUNDS:-5} preset=${PRESET:-swarm-demo.yaml} timeout=${TIMEOUT:-900} chaos=${CHAOS:-0}
@@ -17,6 +18,8 @@ compose() {
   else docker-compose -f docker/compose.yaml -p "$project" "$@"; fi
 }
 export GRADNODE_PRESET=$preset GRADNODE_ROUNDS=0
+# `gradnode health` (the peers' healthcheck) fails while a peer sees fewer trainers than this
+export GRADNODE_EXPECT_PEERS=$peers
 straggler=${project}-straggler
 trap 'echo "[docker_swarm] tearing down"; docker rm -f "$straggler" >/dev/null 2>&1 || true
       compose down -v --remove-orphans >/dev/null 2>&1 || true' EXIT
@@ -82,14 +85,23 @@ if [ "$chaos" = 1 ]; then
   echo "[docker_swarm] chaos: straggler $straggler started (inner steps 5x slower)"
   wait_for "$expect" 3
   victim=$(compose ps -q peer | head -n 1)
-  echo "[docker_swarm] chaos: kill -9 of peer container ${victim:0:12}"
-  docker kill -s KILL "$victim" >/dev/null
+  boot=$(compose ps -q bootstrap)
+  echo "[docker_swarm] chaos: kill -9 of the bootstrap ${boot:0:12} and of peer ${victim:0:12}"
+  docker kill -s KILL "$boot" "$victim" >/dev/null
   sleep 20
-  echo "[docker_swarm] chaos: restarting ${victim:0:12} with the same command and volume; adding a late joiner"
-  docker start "$victim" >/dev/null
-  compose up -d --no-recreate --scale peer=$((peers + 1))
-  expect=$((expect + 1))
+  echo "[docker_swarm] chaos: starting both again with the same command and volumes; two late joiners"
+  docker start "$boot" "$victim" >/dev/null
+  compose up -d --no-recreate --scale peer=$((peers + 2))
+  expect=$((expect + 2))
 fi
 wait_for "${expect:-$peers}" "$rounds"
+# every peer container healthy (one swarm, enough trainers in sight), within a minute
+for _ in $(seq 12); do
+  states=$(for c in $(compose ps -q peer) $(docker ps -q --filter "name=$straggler"); do
+    docker inspect -f '{{.State.Health.Status}}' "$c"; done | sort | uniq -c | tr '\n' ' ')
+  case "$states" in *unhealthy*|*starting*) sleep 5 ;; *) break ;; esac
+done
+echo "[docker_swarm] peer health: $states"
 compose ps
+case "$states" in *unhealthy*|*starting*) echo "[docker_swarm] FAILED: a peer is not healthy"; exit 4 ;; esac
 echo "[docker_swarm] OK"

@@ -25,7 +25,7 @@ for i, block in enumerate(blocks, 1):
     open(f"{sys.argv[2]}/command{i}.sh", "w").write(block)
 PY
 
-docker run -d --name "$name" --shm-size 1g "$image" sleep infinity >/dev/null
+docker run -d --init --name "$name" --shm-size 1g "$image" sleep infinity >/dev/null
 docker cp "$work/gradnode" "$name:/root/gradnode"
 echo "[fresh] container $name from $image:" \
   "$(docker exec "$name" sh -c 'for t in cc gcc iptables docker chromium; do command -v $t >/dev/null && printf "%s " $t; done; echo' \

@@ -30,8 +30,8 @@ TINY_SWARM = ["model.n_layer=1", "model.n_head=2", "model.d_model=32", "model.se
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """A passing run leaves nothing behind: the temp folder of the session goes (a failing run keeps it to
-    look at, its path in the first line of the output)."""
-    if exitstatus == 0:
+    look at, its path in the first line of the output; GRADNODE_KEEP_TEST_TMP=1 keeps it always)."""
+    if exitstatus == 0 and not os.environ.get("GRADNODE_KEEP_TEST_TMP"):
         from multiprocessing import util
 
         # last of all at exit: after multiprocessing removed its own folder in it (priority -100)
@@ -50,10 +50,11 @@ def run_swarm(tmp_path: Path) -> Callable[..., dict[str, Any]]:
     from gradnode.node.sim import simulate as sim
 
     def run(peers: int, rounds: int, peer_overrides: dict[int, list[str]] | None = None, on_swarm: Any = None,
-            timeout_s: float = 240.0, faults: str | None = None, extra: list[str] | None = None) -> dict[str, Any]:
+            timeout_s: float = 240.0, faults: str | None = None, extra: list[str] | None = None,
+            link: str = "auto") -> dict[str, Any]:
         settings = sim.SimSettings(peers=peers, rounds=rounds, config=None, out_dir=tmp_path / "swarm",
                                    overrides=[*TINY_SWARM, *(extra or [])], peer_overrides=peer_overrides or {},
-                                   timeout_s=timeout_s, eval_peers=1, faults=faults)
+                                   timeout_s=timeout_s, eval_peers=1, faults=faults, link=link)
         before = temp_leftovers()
         summary = sim.run(settings, live=False, on_swarm=on_swarm)
         assert temp_leftovers() <= before, f"left in the temp folder: {temp_leftovers() - before}"

@@ -25,6 +25,10 @@ def test_fault_spec_parses_and_is_reproducible_by_seed() -> None:
     assert s.late == {5: 2}
     assert s.overrides == {1: ["swarm.slowdown=5.0"], 3: ["swarm.bandwidth=1mbit"],
                            4: ["swarm.fault=corrupt", "swarm.fault_round=2"]}
+    s = faults.parse("partition:0,1,2|3,4,5,6,7@r3,kill:bootstrap@r4,heal@r6,restart:bootstrap@r6", 8, 10)
+    assert [(e.action, e.target, e.round) for e in s.events] == [
+        ("partition", "network", 3), ("kill", "bootstrap", 4), ("heal", "network", 6), ("restart", "bootstrap", 6)]
+    assert s.events[0].groups == ((0, 1, 2), (3, 4, 5, 6, 7)) and s.partitioned
     picks = [faults.parse("kill:?@r2", 8, 10, seed).events[0].target for seed in range(6)]
     assert picks == [faults.parse("kill:?@r2", 8, 10, seed).events[0].target for seed in range(6)]
     assert len(set(picks)) > 1
@@ -38,7 +42,13 @@ def test_fault_spec_parses_and_is_reproducible_by_seed() -> None:
     ("bw:1=fast", "bad rate"),
     ("explode:1@r2", "unknown action 'explode'"),
     ("join:1@r0", "at round 1 or later"),
-    ("restart:bootstrap@r4", "only 'kill' applies to the bootstrap"),
+    ("stop:bootstrap@r4", "only 'kill' and 'restart' apply to the bootstrap"),
+    ("restart:bootstrap@r4", "restart needs an earlier kill:bootstrap"),
+    ("partition:0,1|2@r3", "list every peer 0..7 once"),
+    ("partition:0,1,2,3|4,5,6,7@r3,partition:0|1,2,3,4,5,6,7@r4", "already split from round 3"),
+    ("heal@r4", "heal needs an earlier partition"),
+    ("partition:0,1,2,3|4,5,6,7", "needs a round"),
+    ("partition:a|b@r2", "write the groups as peer indices"),
     ("kill:1@r10", "not before the last round"),
     ("kill:1@r2,,", "empty item"),
     ("corrupt:1@r2,forge:1@r3", "already has a corrupt/forge/tamper fault"),
@@ -167,14 +177,16 @@ PACED = ["inner.steps=10", "swarm.slowdown=30", "swarm.state_chunk_bytes=65536"]
 @pytest.mark.swarm
 def test_kill_restart_late_join_and_bootstrap_loss(run_swarm, metrics_of) -> None:
     """kill -9 a peer and the bootstrap mid-run: the others go on with identical weights; the killed peer,
-    restarted with the same command, resumes from its checkpoint and replays the missed rounds; a late
-    joiner downloads the state and contributes within 2 rounds."""
-    summary = run_swarm(peers=4, rounds=12, faults="kill:bootstrap@r2,kill:1@r2,restart:1@r3,join:3@r2",
-                        extra=PACED, timeout_s=300)
+    restarted with the same command (the bootstrap's address, nothing else), finds the swarm through its
+    address book, resumes from its checkpoint and replays the missed rounds; the bootstrap, restarted with
+    an empty DHT, reconnects to the peers it knew; a late joiner given only the bootstrap's address finds
+    the whole swarm through it, downloads the state and contributes within 2 rounds."""
+    summary = run_swarm(peers=4, rounds=16, extra=PACED, timeout_s=300,
+                        faults="kill:bootstrap@r2,kill:1@r2,restart:1@r3,restart:bootstrap@r3,join:3@r3")
     peers = summary["peers"]
     assert summary["live_peers"] == 4 and summary["identical_hashes"], summary
     steady, restarted, late = peers[0], peers[1], peers[3]
-    assert steady["rounds"] == 12 and all(str(r) in steady["hashes"] for r in range(12))
+    assert steady["rounds"] == 16 and all(str(r) in steady["hashes"] for r in range(16))
     # the restarted peer: same identity, resumed from its own checkpoint, caught up by replay (or, past the
     # window, by a state download), and afterwards on the swarm's hash every round
     assert restarted["restarts"] == 1 and restarted["resumed_round"] is not None

@@ -58,16 +58,16 @@ def test_a_failed_chores_job_is_logged_not_taken_for_a_hash_mismatch(tmp_path) -
     from concurrent.futures import Future
 
     from gradnode.node.config import load_config
-    from gradnode.node.swarm.chores import Chores
+    from gradnode.node.swarm.chores import Chores, Findings
     from gradnode.node.swarm.peer import Peer
 
     peer = Peer(load_config(None, {"run.output_dir": str(tmp_path)}))
     # the chores thread's bookkeeping without a network: its jobs below are finished futures
     peer.chores = Chores(cfg=peer.cfg, members=None, transport=None, phases=peer.phases, publish_member=lambda: None,
-                         save=lambda snap: None, round_seconds=lambda: 1.0)
+                         save=lambda snap: None, round_seconds=lambda: 1.0, look_at_chains=lambda: None)
     synced = []
     peer._sync_state = lambda reason, force=False: synced.append(reason)  # would re-sync on a mismatch
-    for outcome in (RuntimeError("chores bug"), None, 3):
+    for outcome in (RuntimeError("chores bug"), Findings(None, None), Findings(3, None)):
         job: Future = Future()
         if isinstance(outcome, Exception):
             job.set_exception(outcome)
@@ -79,6 +79,6 @@ def test_a_failed_chores_job_is_logged_not_taken_for_a_hash_mismatch(tmp_path) -
     assert synced == ["hash mismatch"]  # only the real mismatch (round 3) re-syncs
     peer.history.trusted_from = 5
     peer.chores._job = Future()
-    peer.chores._job.set_result(3)  # checked before a re-sync that replaced round 3: moot
+    peer.chores._job.set_result(Findings(3, None))  # checked before a re-sync that replaced round 3: moot
     peer._settle_chores()
     assert synced == ["hash mismatch"]

@@ -11,7 +11,10 @@
            | slow:PxF       every inner step of P is F times slower (a straggler)
            | bw:P=RATE      P's link is capped at RATE, e.g. 1mbit
            | client:P       P runs in client mode (behind NAT: no inbound connections)
-    P     := a peer index, 'bootstrap' (kill only), or '?' (a peer picked by --seed)
+           | partition:G|G|...@rN   the network splits into these groups of peers, e.g. 0,1|2,3 (every peer in
+                            one group; the bootstrap stays with the first group)
+           | heal@rN        the network is whole again
+    P     := a peer index, 'bootstrap' (kill and restart only), or '?' (a peer picked by --seed)
 
 Example: ``kill:2@r3,restart:2@r5,join:5@r2,slow:1x5,bw:3=1mbit,corrupt:4@r2``. The same SPEC and
 seed give the same schedule. Errors name the item and what to change (``ValueError``).
@@ -25,19 +28,25 @@ from dataclasses import dataclass, field
 
 from gradnode.node.config import parse_rate
 
-TIMED = ("kill", "restart", "stop", "join", "corrupt", "forge", "tamper")
+LIFE = ("kill", "restart", "stop", "join")  # timed, on a process
+BEHAVIOUR = {"corrupt": "corrupt", "forge": "forge", "tamper": "tamper_state"}  # timed, swarm.fault of a peer
 STATIC = ("slow", "bw", "client")
+NETWORK = ("partition", "heal")
+ORDER = ("partition", "heal", *LIFE)  # events of one round fire in this order
 _ITEM = re.compile(r"^(?P<action>[a-z]+):(?P<target>[^@x=]+|\?)"
                    r"(?:@r(?P<round>\d+)|x(?P<factor>[0-9.]+)|=(?P<rate>.+))?$")
+_HEAL = re.compile(r"^heal@r(?P<round>\d+)$")
 
 
 @dataclass(frozen=True)
 class Event:
-    """A timed action on one process, fired when the swarm starts round ``round``."""
+    """A timed action, fired when the swarm starts round ``round``: on one process (``target``
+    'peer-<i>' or 'bootstrap'), or on the network ('partition' with its ``groups``, 'heal')."""
 
     action: str
-    target: str  # "peer-<i>" or "bootstrap"
+    target: str
     round: int
+    groups: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass
@@ -54,90 +63,147 @@ class Schedule:
                 out.add(int(e.target.split("-")[1]))
         return out
 
+    @property
+    def partitioned(self) -> bool:
+        return any(e.action == "partition" for e in self.events)
 
-def parse(spec: str | None, peers: int, rounds: int, seed: int = 0) -> Schedule:
-    """Parse and validate ``spec`` for a swarm of ``peers`` peers trained for ``rounds`` rounds."""
-    sched = Schedule()
-    if not spec or not spec.strip():
-        return sched
-    rng = random.Random(seed)
-    down: dict[str, int] = {}  # target -> round it went down (kill/stop), for restart checks
-    faulty: set[int] = set()
-    for raw in (x.strip() for x in spec.split(",")):
-        if not raw:
-            raise ValueError(f"--faults: empty item in {spec!r} (remove the extra comma)")
+
+class _Parser:
+    def __init__(self, peers: int, rounds: int, seed: int) -> None:
+        self.peers, self.rounds, self.rng = peers, rounds, random.Random(seed)
+        self.sched = Schedule()
+        self.down: dict[str, int] = {}  # target -> round it went down (kill/stop), for restart checks
+        self.faulty: set[int] = set()
+        self.split_at: int | None = None  # round of the partition not yet healed
+
+    def item(self, raw: str) -> None:
+        heal = _HEAL.match(raw)
+        if heal:
+            return self._heal(raw, self._round(raw, heal["round"], "heal"))
         m = _ITEM.match(raw)
         if not m:
-            raise ValueError(f"--faults: cannot read {raw!r}; expected e.g. kill:2@r3, slow:1x5, bw:3=1mbit, client:4")
+            raise ValueError(f"--faults: cannot read {raw!r}; expected e.g. kill:2@r3, slow:1x5, bw:3=1mbit, "
+                             "client:4, partition:0,1|2,3@r3, heal@r6")
         action, target = m["action"], m["target"].strip()
-        if action not in TIMED + STATIC:
-            raise ValueError(f"--faults: unknown action {action!r} in {raw!r}; use one of {', '.join(TIMED + STATIC)}")
+        known = (*LIFE, *BEHAVIOUR, *STATIC, *NETWORK)
+        if action not in known:
+            raise ValueError(f"--faults: unknown action {action!r} in {raw!r}; use one of {', '.join(known)}")
+        if action == "partition":
+            return self._partition(raw, target, self._round(raw, m["round"], f"partition:{target}"))
+        index = self._peer(raw, action, target)
+        if action in LIFE or action in BEHAVIOUR:
+            return self._timed(raw, action, target, index, self._round(raw, m["round"], f"{action}:{target}"))
+        self._static(raw, action, target, index, m)
+
+    def _round(self, raw: str, text: str | None, form: str) -> int:
+        if text is None:
+            raise ValueError(f"--faults: {raw!r} needs a round, e.g. {form}@r2")
+        if int(text) >= self.rounds:
+            raise ValueError(f"--faults: {raw!r}: round {text} is not before the last round ({self.rounds})")
+        return int(text)
+
+    def _peer(self, raw: str, action: str, target: str) -> int | None:
         if target == "bootstrap":
-            if action != "kill":
-                raise ValueError(f"--faults: {raw!r}: only 'kill' applies to the bootstrap")
-            index = None
-        elif target == "?":
-            index = rng.randrange(peers)
-        elif target.isdigit():
-            index = int(target)
-            if index >= peers:
-                raise ValueError(f"--faults: {raw!r}: peer {index} does not exist (peers are 0..{peers - 1})")
-        else:
+            if action not in ("kill", "restart"):
+                raise ValueError(f"--faults: {raw!r}: only 'kill' and 'restart' apply to the bootstrap")
+            return None
+        if target == "?":
+            return self.rng.randrange(self.peers)
+        if not target.isdigit():
             raise ValueError(f"--faults: {raw!r}: the peer must be an index, 'bootstrap' or '?'")
-        if action in TIMED:
-            if m["round"] is None:
-                raise ValueError(f"--faults: {raw!r} needs a round, e.g. {action}:{target}@r2")
-            round_ = int(m["round"])
-            if round_ >= rounds:
-                raise ValueError(f"--faults: {raw!r}: round {round_} is not before the last round ({rounds})")
-        elif action == "slow" and m["factor"] is None or action == "bw" and m["rate"] is None \
+        if int(target) >= self.peers:
+            raise ValueError(f"--faults: {raw!r}: peer {target} does not exist (peers are 0..{self.peers - 1})")
+        return int(target)
+
+    def _timed(self, raw: str, action: str, target: str, index: int | None, round_: int) -> None:
+        name = "bootstrap" if index is None else f"peer-{index}"
+        if action in ("kill", "stop"):
+            if self.down.get(name, -1) >= 0:
+                raise ValueError(f"--faults: {raw!r}: {name} is already down from round {self.down[name]}")
+            self.down[name] = round_
+        elif action == "restart":
+            if name not in self.down or self.down[name] >= round_:
+                raise ValueError(f"--faults: {raw!r}: restart needs an earlier kill:{target}@rM or stop:{target}@rM "
+                                 f"with M < {round_}")
+            self.down[name] = -1
+        elif action == "join":
+            if round_ < 1 or index in self.sched.late:
+                raise ValueError(f"--faults: {raw!r}: a peer joins once, at round 1 or later")
+            self.sched.late[index] = round_  # type: ignore[index]
+        else:  # corrupt, forge, tamper
+            if index in self.faulty:
+                raise ValueError(f"--faults: {raw!r}: peer {index} already has a corrupt/forge/tamper fault")
+            self.faulty.add(index)  # type: ignore[arg-type]
+            self._set(index, f"swarm.fault={BEHAVIOUR[action]}", f"swarm.fault_round={round_}")
+            return
+        self.sched.events.append(Event(action, name, round_))
+
+    def _static(self, raw: str, action: str, target: str, index: int | None, m: re.Match) -> None:
+        if action == "slow" and m["factor"] is None or action == "bw" and m["rate"] is None \
                 or action == "client" and (m["round"] or m["factor"] or m["rate"]):
             form = {"slow": f"slow:{target}x5", "bw": f"bw:{target}=1mbit", "client": f"client:{target}"}[action]
             raise ValueError(f"--faults: {raw!r}: write it as {form}")
-        name = "bootstrap" if index is None else f"peer-{index}"
-        sets: list[str] = []
-        if action in ("kill", "stop"):
-            if name in down and down[name] >= 0:
-                raise ValueError(f"--faults: {raw!r}: {name} is already down from round {down[name]}")
-            down[name] = round_
-            sched.events.append(Event(action, name, round_))
-        elif action == "restart":
-            if name not in down or down[name] >= round_:
-                raise ValueError(f"--faults: {raw!r}: restart needs an earlier kill:{target}@rM or stop:{target}@rM "
-                                 f"with M < {round_}")
-            down[name] = -1
-            sched.events.append(Event(action, name, round_))
-        elif action == "join":
-            if round_ < 1 or index in sched.late:
-                raise ValueError(f"--faults: {raw!r}: a peer joins once, at round 1 or later")
-            sched.late[index] = round_
-            sched.events.append(Event(action, name, round_))
-        elif action in ("corrupt", "forge", "tamper"):
-            if index in faulty:
-                raise ValueError(f"--faults: {raw!r}: peer {index} already has a corrupt/forge/tamper fault")
-            faulty.add(index)
-            sets += [f"swarm.fault={'tamper_state' if action == 'tamper' else action}", f"swarm.fault_round={round_}"]
-        elif action == "slow":
+        if action == "slow":
             factor = float(m["factor"])
             if not 1.0 <= factor <= 100.0:
                 raise ValueError(f"--faults: {raw!r}: the slowdown must lie in 1..100")
-            sets.append(f"swarm.slowdown={factor}")
+            self._set(index, f"swarm.slowdown={factor}")
         elif action == "bw":
             try:
                 parse_rate(m["rate"])
             except ValueError as err:
                 raise ValueError(f"--faults: {raw!r}: {err}") from None
-            sets.append(f"swarm.bandwidth={m['rate']}")
-        elif action == "client":
-            sets.append("swarm.client_mode=true")
-        if sets:
-            sched.overrides.setdefault(index, []).extend(sets)
-    for index, round_ in sched.late.items():
-        early = [e for e in sched.events if e.target == f"peer-{index}" and e.action != "join" and e.round <= round_]
-        if early:
-            raise ValueError(f"--faults: peer {index} joins at round {round_}; {early[0].action}@r{early[0].round} "
-                             "comes before that")
-    if len(sched.late) >= peers:
-        raise ValueError("--faults: at least one peer must start at the beginning")
-    sched.events.sort(key=lambda e: (e.round, TIMED.index(e.action)))
-    return sched
+            self._set(index, f"swarm.bandwidth={m['rate']}")
+        else:
+            self._set(index, "swarm.client_mode=true")
+
+    def _partition(self, raw: str, spec: str, round_: int) -> None:
+        try:
+            groups = tuple(tuple(int(p) for p in g.split(",")) for g in spec.split("|"))
+        except ValueError:
+            raise ValueError(f"--faults: {raw!r}: write the groups as peer indices, e.g. partition:0,1|2,3@r3") \
+                from None
+        listed = [p for g in groups for p in g]
+        if len(groups) < 2 or sorted(listed) != list(range(self.peers)):
+            raise ValueError(f"--faults: {raw!r}: list every peer 0..{self.peers - 1} once, in 2 or more groups "
+                             "separated by |")
+        if self.split_at is not None:
+            raise ValueError(f"--faults: {raw!r}: the network is already split from round {self.split_at}; "
+                             "heal@rN first")
+        self.split_at = round_
+        self.sched.events.append(Event("partition", "network", round_, groups))
+
+    def _heal(self, raw: str, round_: int) -> None:
+        if self.split_at is None or self.split_at >= round_:
+            raise ValueError(f"--faults: {raw!r}: heal needs an earlier partition:...@rM with M < {round_}")
+        self.split_at = None
+        self.sched.events.append(Event("heal", "network", round_))
+
+    def _set(self, index: int | None, *sets: str) -> None:
+        self.sched.overrides.setdefault(index, []).extend(sets)  # type: ignore[arg-type]
+
+    def finish(self) -> Schedule:
+        sched = self.sched
+        for index, round_ in sched.late.items():
+            early = [e for e in sched.events if e.target == f"peer-{index}" and e.action != "join"
+                     and e.round <= round_]
+            if early:
+                raise ValueError(f"--faults: peer {index} joins at round {round_}; {early[0].action}@r{early[0].round} "
+                                 "comes before that")
+        if len(sched.late) >= self.peers:
+            raise ValueError("--faults: at least one peer must start at the beginning")
+        sched.events.sort(key=lambda e: (e.round, ORDER.index(e.action)))
+        return sched
+
+
+def parse(spec: str | None, peers: int, rounds: int, seed: int = 0) -> Schedule:
+    """Parse and validate ``spec`` for a swarm of ``peers`` peers trained for ``rounds`` rounds."""
+    parser = _Parser(peers, rounds, seed)
+    if not spec or not spec.strip():
+        return parser.sched
+    # a partition's groups hold commas: split the SPEC on commas that do not continue a group list
+    for raw in (x.strip() for x in re.split(r",(?![0-9]+(?:[,|][0-9]+)*@r)", spec)):
+        if not raw:
+            raise ValueError(f"--faults: empty item in {spec!r} (remove the extra comma)")
+        parser.item(raw)
+    return parser.finish()

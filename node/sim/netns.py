@@ -150,12 +150,13 @@ class Links:
     namespaces must be stopped by their owner before exit; any still there are killed (and reported)
     so the veths go."""
 
-    def __init__(self, n_peers: int, rate: str) -> None:
+    def __init__(self, n_peers: int, rate: str | None) -> None:
         if not 1 <= n_peers <= _MAX_PEERS:
             raise ValueError(f"Links: n_peers must lie in 1..{_MAX_PEERS}, got {n_peers}")
         self.n_peers = n_peers
-        self.rate = rate
-        self.tbf = tbf_args(rate)  # a bad rate fails here, before anything is created
+        self.rate = rate  # None: links are not capped (namespaces for partitions only)
+        self.tbf = tbf_args(rate) if rate is not None else None  # a bad rate fails here, before anything is made
+        self._cuts: list[tuple[str, str]] = []  # (namespace, address) blackhole routes of a partition
         self.tag = f"{os.getpid():x}{_SEQ_LETTERS[next(_SEQ) % len(_SEQ_LETTERS)]}"
         self.bridge = f"gn{self.tag}br"
         self.peers: list[tuple[str, str]] = []
@@ -207,8 +208,8 @@ class Links:
             ip = str(net[10 + i])
             self._add_peer(i, ip)
             self.peers.append((self.ns(i), ip))
-        log.info("links: %d namespaces on bridge %s (%s/24, host %s), tbf %s each way", self.n_peers, self.bridge,
-                 net.network_address, self.host_ip, self.rate)
+        log.info("links: %d namespaces on bridge %s (%s/24, host %s), %s", self.n_peers, self.bridge,
+                 net.network_address, self.host_ip, f"tbf {self.rate} each way" if self.rate else "uncapped")
 
     def _add_peer(self, i: int, ip: str) -> None:
         ns, host, inner = self.ns(i), self.host_veth(i), self.ns_veth(i)
@@ -221,8 +222,28 @@ class Links:
         _run(["ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", inner])
         _run(["ip", "-n", ns, "link", "set", inner, "up"])
         _run(["ip", "-n", ns, "link", "set", "lo", "up"])
-        _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", inner, "root", *self.tbf])  # upload
-        _run(["tc", "qdisc", "add", "dev", host, "root", *self.tbf])  # download
+        if self.tbf is not None:
+            _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", inner, "root", *self.tbf])  # upload
+            _run(["tc", "qdisc", "add", "dev", host, "root", *self.tbf])  # download
+
+    def cut(self, groups: list[list[int]]) -> None:
+        """Split the network into ``groups`` of peers: each peer's namespace gets a blackhole route to every
+        peer of the other groups, and, outside the first group, to the bootstrap on the host; packets to
+        them are dropped (both ways, since each side drops its replies), as on a broken link."""
+        for k, group in enumerate(groups):
+            away = [self.peers[j][1] for g in groups if g is not group for j in g] + ([self.host_ip] if k else [])
+            for i in group:
+                for ip in away:
+                    _run(["ip", "-n", self.ns(i), "route", "add", "blackhole", f"{ip}/32"])
+                    self._cuts.append((self.ns(i), ip))
+        log.info("links: network split into %s", " | ".join(",".join(map(str, g)) for g in groups))
+
+    def heal(self) -> None:
+        """Remove the routes of ``cut``: one network again."""
+        for ns, ip in self._cuts:
+            _try(["ip", "-n", ns, "route", "del", "blackhole", f"{ip}/32"])
+        self._cuts = []
+        log.info("links: network healed")
 
     def exec_prefix(self, i: int) -> list[str]:
         """Prepended to a command to run it in peer i's namespace. `ip netns exec` execs the command

@@ -89,7 +89,7 @@ class Swarm:
     """The processes of one simulated swarm; a context manager that always cleans up. With `links`,
     peer i runs inside namespace i and listens on its address there; the bootstrap on the host side."""
 
-    def __init__(self, s: SimSettings, links: netns.Links | None = None) -> None:
+    def __init__(self, s: SimSettings, links: netns.Links | None = None, partition_in_transport: bool = False) -> None:
         self.s = s
         self.links = links
         self.procs: dict[str, subprocess.Popen] = {}
@@ -100,12 +100,20 @@ class Swarm:
         # every process's temp files (the libp2p daemon's sockets, multiprocessing folders) go to one short
         # folder of this run, removed at the end: a kill -9 leaves nothing behind in /tmp
         self.tmp = tempfile.mkdtemp(prefix="gn-")
+        self.bootstrap_port = 0
+        # a partition without network namespaces: each peer's transport reads whom to drop from this file
+        self.partition_file: str | None = "partition.json" if partition_in_transport else None
 
     def __enter__(self) -> "Swarm":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.stop_all()
+        # torch_shm_manager (started by torch for hivemind's shared memory) lives outside the peers' process
+        # groups and removes its own folder here once its clients are gone: let it, or it aborts at exit
+        end = time.monotonic() + 5.0
+        while any(Path(self.tmp).glob("torch-shm-dir-*")) and time.monotonic() < end:
+            time.sleep(0.1)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
@@ -127,8 +135,12 @@ class Swarm:
         return self.links.host_ip if name == "bootstrap" else self.links.peers[_index(name)][1]
 
     def _common(self, name: str) -> list[str]:
+        # the bootstrap listens on a fixed port: restarted, it comes back at the address peers were given
+        port = self.bootstrap_port if name == "bootstrap" else 0
         args = ["--set", f"run.output_dir={self.s.out_dir / name}",
-                "--set", f"swarm.host_maddrs=['/ip4/{self._host_ip(name)}/tcp/0']"]
+                "--set", f"swarm.host_maddrs=['/ip4/{self._host_ip(name)}/tcp/{port}']"]
+        if self.partition_file is not None and name != "bootstrap":
+            args += ["--set", f"swarm.fault_partition_file={self.s.out_dir / name / 'partition.json'}"]
         if self.s.config is not None:
             args += ["--config", str(self.s.config)]
         for o in self.s.overrides:
@@ -139,7 +151,10 @@ class Swarm:
 
     def start_bootstrap(self, timeout: float = 120.0) -> list[str]:
         maddr_file = self.s.out_dir / "bootstrap.maddrs"
-        self._spawn("bootstrap", ["bootstrap", *self._common("bootstrap"), "--maddrs-file", str(maddr_file)])
+        self.bootstrap_port = _free_port(self._host_ip("bootstrap"))
+        self.args["bootstrap"] = ["bootstrap", *self._common("bootstrap"), "--maddrs-file", str(maddr_file)]
+        self.starts["bootstrap"] = [0]
+        self._spawn("bootstrap", self.args["bootstrap"])
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if maddr_file.exists() and maddr_file.read_text().strip():
@@ -175,21 +190,34 @@ class Swarm:
         self._spawn(name, args)
 
     def restart(self, name: str, round_: int) -> None:
-        """Run a stopped or killed peer's command again; it also learns the live peers' addresses, in case
-        the bootstrap it was started with is gone."""
+        """Run a stopped or killed process's command again, as an operator would: a peer gets the bootstrap's
+        address and finds the rest through its own address book, nothing more."""
         if self.running(name):
             self.kill(name)
             self.procs[name].wait()
-        known = set(self.args[name])
-        extra = []
-        for other in self.procs:
-            f = self.s.out_dir / other / "maddrs" if other != "bootstrap" else self.s.out_dir / "bootstrap.maddrs"
-            if other != name and self.running(other) and f.exists():
-                extra += [a for m in f.read_text().split() if m not in known for a in ("--initial-peer", m)]
         self.starts[name].append(round_)
-        summary = self.s.out_dir / name / "summary.json"
-        summary.unlink(missing_ok=True)  # written again by the new process when it finishes
-        self._spawn(name, [*self.args[name], *extra])
+        (self.s.out_dir / name / "summary.json").unlink(missing_ok=True)  # written again when it finishes
+        self._spawn(name, self.args[name])
+
+    def partition(self, groups: tuple[tuple[int, ...], ...]) -> None:
+        """Cut the network between the groups (the bootstrap stays with the first): with network namespaces
+        by routes that drop the other groups' packets, else each peer's transport drops their traffic."""
+        if self.links is not None:
+            self.links.cut([list(g) for g in groups])
+            return
+        ids = {i: _peer_id(self.s.out_dir / f"peer-{i}" / "maddrs") for g in groups for i in g}
+        boot = _peer_id(self.s.out_dir / "bootstrap.maddrs")
+        for k, group in enumerate(groups):
+            away = [ids[j] for g in groups if g is not group for j in g] + ([boot] if k else [])
+            for i in group:
+                _write_json(self.s.out_dir / f"peer-{i}" / "partition.json", {"blocked": [x for x in away if x]})
+
+    def heal(self) -> None:
+        if self.links is not None:
+            self.links.heal()
+            return
+        for i in range(self.s.peers):
+            _write_json(self.s.out_dir / f"peer-{i}" / "partition.json", {"blocked": []})
 
     def running(self, name: str) -> bool:
         return name in self.procs and self.procs[name].poll() is None
@@ -234,14 +262,39 @@ def _index(name: str) -> int:
     return int(name.split("-")[1])  # "peer-3" -> 3
 
 
-def swarm_round(s: SimSettings) -> int:
-    """The round the swarm trains now: one past the newest round any peer applied."""
-    newest = -1
-    for i in range(s.peers):
-        rows = read_metrics(s.out_dir / f"peer-{i}" / "metrics.jsonl")
-        if rows:
-            newest = max(newest, rows[-1]["round"])
-    return newest + 1
+def _free_port(ip: str) -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((ip, 0))
+        return s.getsockname()[1]
+
+
+def _peer_id(maddrs_file: Path) -> str | None:
+    """The peer id in a process's address file (None before it wrote one)."""
+    if not maddrs_file.exists():
+        return None
+    found = [m.rsplit("/p2p/", 1)[1] for m in maddrs_file.read_text().split() if "/p2p/" in m]
+    return found[0] if found else None
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
+
+
+def swarm_round(s: SimSettings, groups: tuple[tuple[int, ...], ...] = ()) -> int:
+    """The round the swarm trains now: one past the newest round any peer applied. While the network is
+    split into ``groups``, the round every group of two or more peers has reached (the sides train at their
+    own pace; a lone peer pauses, never training alone)."""
+    def newest(indices: Any) -> int:
+        rows = [read_metrics(s.out_dir / f"peer-{i}" / "metrics.jsonl") for i in indices]
+        rounds = [r[-1]["round"] for r in rows if r]
+        return max(rounds, default=-1) + 1
+
+    sides = [g for g in groups if len(g) > 1]
+    return min(newest(g) for g in sides) if sides else newest(range(s.peers))
 
 
 def _fire(swarm: Swarm, event: Any, round_: int) -> None:
@@ -252,15 +305,12 @@ def _fire(swarm: Swarm, event: Any, round_: int) -> None:
         swarm.kill(event.target, signal.SIGTERM)
     elif event.action == "restart":
         swarm.restart(event.target, round_)
-    elif event.action == "join":
-        index = _index(event.target)
-        live = [f for f in swarm.procs if f != "bootstrap" and swarm.running(f)]
-        initial = list(swarm.initial)
-        for other in live:
-            f = swarm.s.out_dir / other / "maddrs"
-            if f.exists():
-                initial += f.read_text().split()
-        swarm.start_peer(index, initial, min_peers=1, round_=round_)
+    elif event.action == "join":  # as a volunteer would: the bootstrap's address, nothing more
+        swarm.start_peer(_index(event.target), swarm.initial, min_peers=2, round_=round_)
+    elif event.action == "partition":
+        swarm.partition(event.groups)
+    elif event.action == "heal":
+        swarm.heal()
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -325,10 +375,18 @@ def run(s: SimSettings, *, live: bool = True, on_swarm: Any = None, console: Any
     started = time.monotonic()
     pending = list(schedule.events)
     log.info("link shaping: %s", describe_link(link, s))
+    # a partition cuts namespaces' routes where they can be made (unless --link bucket said not to use
+    # them), else each peer's transport drops the other groups' traffic
+    partition = None if not schedule.partitioned else "netns" if link == "netns" or \
+        (s.link != "bucket" and netns.available()[0]) else "transport"
+    if partition:
+        log.info("partitions: %s", "network namespaces, routes cut" if partition == "netns" else
+                 "in the transport (no network namespaces here)")
     with _sigterm_unwinds(), contextlib.ExitStack() as stack:
         # exits in reverse: the processes are stopped before their namespaces go
-        links = stack.enter_context(netns.Links(s.peers, s.bandwidth)) if link == "netns" and s.bandwidth else None
-        swarm = stack.enter_context(Swarm(s, links))
+        rate = s.bandwidth if link == "netns" else None
+        links = stack.enter_context(netns.Links(s.peers, rate)) if link == "netns" or partition == "netns" else None
+        swarm = stack.enter_context(Swarm(s, links, partition_in_transport=partition == "transport"))
         initial = swarm.start_bootstrap()
         swarm.initial = initial
         first = [i for i in range(s.peers) if i not in schedule.late]
@@ -337,14 +395,18 @@ def run(s: SimSettings, *, live: bool = True, on_swarm: Any = None, console: Any
         if on_swarm is not None:
             on_swarm(swarm)
         end = started + s.timeout_s
+        split: tuple[tuple[int, ...], ...] = ()  # the groups of a partition in force
         console = console or Console(stderr=True)
         with Live(live_table(s, started), console=console, refresh_per_second=2, transient=False,
                   auto_refresh=False) as view:
             while (swarm.peers_running() or pending) and time.monotonic() < end:
                 if pending:
-                    now = swarm_round(s)
+                    now = swarm_round(s, split)
                     while pending and pending[0].round <= now:
-                        _fire(swarm, pending.pop(0), now)
+                        event = pending.pop(0)
+                        _fire(swarm, event, now)
+                        split = event.groups if event.action == "partition" else () if event.action == "heal" \
+                            else split
                     if not swarm.peers_running() and pending:
                         log.warning("no peer left to reach round %d; dropping %d fault(s)", pending[0].round,
                                     len(pending))
@@ -356,7 +418,7 @@ def run(s: SimSettings, *, live: bool = True, on_swarm: Any = None, console: Any
         if not console.is_terminal:
             console.line()  # a log file or pipe: end the last frame's line before the summary follows
         starts = dict(swarm.starts)
-    return {**collect(s, time.monotonic() - started, starts), "link": link}
+    return {**collect(s, time.monotonic() - started, starts), "link": link, "partition": partition}
 
 
 @contextlib.contextmanager
@@ -446,8 +508,8 @@ def print_summary(summary: dict[str, Any], console: Any = None) -> None:
     def r3(x: float | None) -> str:
         return "-" if x is None else f"{x:.3f}"
 
-    t = Table(title=f"{summary['rounds']} rounds in {summary['seconds']:.0f} s; val loss {r3(summary['val_loss_first'])}"
-                    f" -> {r3(summary['val_loss_last'])}; identical weights: "
+    t = Table(title=f"{summary['rounds']} rounds in {summary['seconds']:.0f} s; val loss "
+                    f"{r3(summary['val_loss_first'])} -> {r3(summary['val_loss_last'])}; identical weights: "
                     f"{'yes' if summary['identical_hashes'] else 'NO'}; link shaping: {summary.get('link', 'none')}",
               box=box.SIMPLE_HEAD)
     for col in ("peer", "id", "rounds", "loss", "weights", "up MB", "dn MB", "util", "rej"):

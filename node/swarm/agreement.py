@@ -15,6 +15,7 @@ hashes and is repaired by re-syncing from the majority (chores.py, sync.py).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Callable
@@ -22,6 +23,8 @@ from typing import Callable
 from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm.membership import Membership
 from gradnode.protocol.records import Proposal, leader
+
+log = logging.getLogger(__name__)
 
 POLL_S = 0.2
 
@@ -71,7 +74,8 @@ class Agreement:
             self.eligible = ({p for p, m in self.members.members().items() if m.training} - {self.me}) \
                 | ({self.me} if self.may_lead else set())
         while not stop.is_set():
-            proposals = [p for p in self.proposals() if p.proposer in self.eligible]
+            everyone = self.proposals()
+            proposals = [p for p in everyone if p.proposer in self.eligible]
             best = leader(proposals)
             tick()
             # nobody waits for gracefully departed peers or for those that abstained from this round
@@ -80,6 +84,15 @@ class Agreement:
             now = time.monotonic()
             if best is not None and (not lower or now >= grace_end):
                 return best
+            if best is None and now >= grace_end + window:
+                # no eligible peer proposed in two windows: they are gone (crashed, or the network split us
+                # from them). The live trainers that did propose lead instead, by the same rule.
+                live = {p for p, m in self.members.members().items() if m.training} | {self.me}
+                best = leader([p for p in everyone if p.proposer in live])
+                if best is not None:
+                    log.warning("round=%d: none of the %d eligible leaders proposed; %s leads among the live",
+                                self.round, len(self.eligible), best.proposer[:12])
+                    return best
             if now >= hard_stop:
                 return best
             time.sleep(POLL_S)

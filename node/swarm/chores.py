@@ -2,9 +2,10 @@
 
 After applying round r the main loop only snapshots what the reports need and hands them over; one
 worker thread then publishes the weight hash of round r (and checks round r-1's against the majority),
-offers the shared state to joiners, refreshes the member record and writes the checkpoint, while the
-inner steps of the next round compute. A hash mismatch found there is repaired by the main loop at
-the next round boundary (``settle``).
+offers the shared state to joiners, refreshes the member record, looks at the chains the live trainers
+follow (health.py) and writes the checkpoint, while the inner steps of the next round compute. A hash
+mismatch or a lost fork found there is repaired by the main loop at the next round boundary
+(``settle``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from gradnode.node.config import Config
 from gradnode.node.swarm import adversary, statesync
+from gradnode.node.swarm.health import ChainView
 from gradnode.node.swarm.history import RoundLog
 from gradnode.node.swarm.membership import Membership
 from gradnode.node.swarm.report import Phases
@@ -38,6 +40,14 @@ class HashReport:
 
 
 @dataclass(frozen=True)
+class Findings:
+    """What a round's chores found that the main loop must act on."""
+
+    mismatch: int | None  # the round whose weight hash lost the majority vote, if ours did
+    chains: ChainView | None  # the chains among the live trainers (None: not looked at)
+
+
+@dataclass(frozen=True)
 class StateOffer:
     state: dict[str, Any]
     param_hash: str
@@ -49,9 +59,10 @@ class Chores:
 
     def __init__(self, *, cfg: Config, members: Membership, transport: Transport, phases: Phases,
                  publish_member: Callable[[], None], save: Callable[["Snapshot"], None],
-                 round_seconds: Callable[[], float]) -> None:
+                 round_seconds: Callable[[], float], look_at_chains: Callable[[], ChainView]) -> None:
         self.cfg, self.sw, self.members, self.transport, self.phases = cfg, cfg.swarm, members, transport, phases
         self.publish_member, self.save, self.round_seconds = publish_member, save, round_seconds
+        self.look_at_chains = look_at_chains
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chores")
         self._job: Future | None = None
 
@@ -68,21 +79,21 @@ class Chores:
         snap = engine.snapshot() if every and engine.round % every == 0 else None
         self._job = self._pool.submit(self._run, report, offer, snap)
 
-    def settle(self) -> int | None:
-        """Wait for the previous round's job (done long ago, normally); the round whose weight hash lost
-        the majority vote, if ours did. A failed job is logged, never taken for a mismatch."""
+    def settle(self) -> Findings | None:
+        """Wait for the previous round's job (done long ago, normally) and return what it found. A failed
+        job is logged, never taken for a mismatch."""
         if self._job is None:
             return None
         with self.phases.time("chores_wait"):
             try:
-                mismatch = self._job.result()
+                found = self._job.result()
             except Exception:  # a bug there must not kill the peer; the next round reports again
                 log.exception("round chores failed")
-                mismatch = None
+                found = None
         self._job = None
-        return mismatch
+        return found
 
-    def _run(self, report: HashReport | None, offer: StateOffer | None, snap: "Snapshot | None") -> int | None:
+    def _run(self, report: HashReport | None, offer: StateOffer | None, snap: "Snapshot | None") -> Findings:
         mismatch = None
         if report is not None:
             with self.phases.time("hash_check"):
@@ -93,10 +104,12 @@ class Chores:
                                 membership=self.members, cfg=self.sw, run_id=self.cfg.run.run_id)
         with self.phases.time("record"):
             self.publish_member()
+        with self.phases.time("chains"):
+            chains = self.look_at_chains()
         if snap is not None:
             with self.phases.time("checkpoint"):
                 self.save(snap)
-        return mismatch
+        return Findings(mismatch, chains)
 
     def _report_hash(self, r: HashReport) -> int | None:
         """Publish the weight hash of our newest applied round; the round before when our hash of it

@@ -50,15 +50,22 @@ class Deadline:
     def __call__(self) -> float | None:
         return deadline_from(self.seen, self.live, self.window, self.cfg)
 
-    def poll(self, now: float) -> None:
+    def poll(self, now: float) -> tuple[dict[str, float], int]:
+        """Read the DHT: the announcers' first-seen times and the live trainers; ``update`` applies them
+        (the reads can be slow, the update is instant: callers hold no lock while reading)."""
         dht_now = self.members.transport.now()
+        seen = dict(self.seen)
         for ann in self.members.read("updates", self.round, UpdateAnnouncement):
             # when it was announced, not when we first looked: a peer that joined or fell behind
             # sees the deadline already passed and cuts its round short to catch up
             age = min(max(0.0, dht_now - ann.time), 600.0)
-            self.seen.setdefault(ann.sender, now - age)
-        self.live = 1 + sum(1 for p, m in self.members.members().items()
-                            if m.training and p != self.me and m.round >= self.round - 1)
+            seen.setdefault(ann.sender, now - age)
+        live = 1 + sum(1 for p, m in self.members.members().items()
+                       if m.training and p != self.me and m.round >= self.round - 1)
+        return seen, live
+
+    def update(self, seen: dict[str, float], live: int) -> None:
+        self.seen, self.live = seen, live
 
 
 class StopTime:
@@ -75,11 +82,16 @@ class StopTime:
         self._lock = threading.Lock()
 
     def refresh(self, now: float) -> None:
-        """Re-read the DHT (the watcher thread does this every 0.5 s during inner steps)."""
+        """Re-read the DHT (the watcher thread does this every 0.5 s during inner steps). The reads hold no
+        lock: a slow DHT (a split network) must never hold up an inner step asking for the stop time."""
+        found = self.current.poll(now)
         with self._lock:
-            self.current.poll(now)
-            if self.previous is not None and self.current() is None:
-                self.previous.poll(now)
+            self.current.update(*found)
+            predict = self.previous is not None and self.current() is None
+        if predict:
+            found = self.previous.poll(now)
+            with self._lock:
+                self.previous.update(*found)
 
     def __call__(self, now: float) -> float | None:
         with self._lock:
@@ -119,17 +131,18 @@ class RoundClock:
     def __call__(self) -> bool:
         cfg = self.clock.cfg
         now = time.monotonic()
-        if cfg.slowdown > 1 and self.steps:  # testing aid: a straggler
-            time.sleep((cfg.slowdown - 1) * (now - self.last))
-            now = time.monotonic()
-        if self.steps:
-            self.step_s = now - self.last
-        self.last = now
+        if self.steps:  # the step that just ran: from the end of the previous call to now
+            compute = now - self.last
+            if cfg.slowdown > 1:  # testing aid: a straggler, its steps stretched by sleeping
+                time.sleep((cfg.slowdown - 1) * compute)
+                now = time.monotonic()
+            self.step_s = compute * max(1.0, cfg.slowdown)
         self.steps += 1
-        if self.clock.stop.is_set():
-            return True
-        if self.steps <= cfg.min_steps:
-            return False
+        stop = self.clock.stop.is_set() or (self.steps > cfg.min_steps and self._past(now))
+        self.last = time.monotonic()
+        return stop
+
+    def _past(self, now: float) -> bool:
         stop_at = self.stop_time(now)
         return stop_at is not None and now + self.step_s > stop_at
 

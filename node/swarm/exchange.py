@@ -182,7 +182,10 @@ class RoundExchange(threading.Thread):
         if chosen is None:
             return Outcome(self.round, [], [], [], False, None, False, time.monotonic() - t0)
         missing = [(s, d) for s, d in chosen.included if s not in self.verified or self.verified[s].digest != d]
-        hard_stop = time.monotonic() + self.cfg.max_wait_s
+        # what the decided set holds is normally in hand by now; what is not, within a few deadline windows,
+        # is out of reach (a holder gone, a split network): apply without it, and the hash check repairs
+        window = max(self.cfg.min_deadline_s, (self.cfg.deadline_slack - 1.0) * self.round_seconds)
+        hard_stop = time.monotonic() + min(self.cfg.max_wait_s, max(10.0, 4 * window))
         for sender, digest in missing:
             self.verified.pop(sender, None)
             self._start_fetch(sender, digest, hard_stop)

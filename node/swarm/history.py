@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gradnode.protocol.chain import TAIL, Link
+
 
 @dataclass
 class RoundLog:
@@ -26,6 +28,10 @@ class RoundLog:
             return None
         last = max(self.applied)
         return (last, *self.applied[last], self.hashes[last], self.hashes.get(last - 1))
+
+    def tail(self) -> list[Link]:
+        """The newest states this peer holds, oldest first: what its member record publishes."""
+        return [(r, self.hashes[r]) for r in sorted(self.hashes)[-TAIL:] if r >= self.trusted_from]
 
     def forget_before(self, round_: int) -> None:
         for r in [r for r in self.applied if r < round_]:

@@ -41,6 +41,12 @@ class Membership:
         self._leaving: set[str] = set()
         self._lock = threading.Lock()
         self.bad_records: dict[str, int] = {}
+        # records are refreshed every heartbeat (a third of their lifetime, at most 10 s); one that stopped
+        # changing for three heartbeats belongs to a peer gone or out of reach (a split network keeps its
+        # last copy in the DHT until it expires). Timed on this peer's own clock: peers' clocks differ.
+        self.heartbeat_s = min(10.0, ttl / 3)
+        self.fresh_s = 3 * self.heartbeat_s
+        self._changed: dict[str, tuple[float, float]] = {}  # peer -> (record time, our monotonic time it changed)
 
     def sign(self, record: R) -> R:
         return record.signed(self.identity.sign(record.signing_bytes()))
@@ -75,6 +81,8 @@ class Membership:
             except RecordError as err:
                 self._note_bad("?", str(err))
                 continue
+            if rec.peer_id in self.transport.blocked:  # testing aid: the other side of a simulated partition
+                continue
             if rec.run_id != self.run_id or peer_id_from_public_der(rec.public_key) != rec.peer_id:
                 self._note_bad(rec.peer_id, "peer id does not match its public key")
                 continue
@@ -87,13 +95,25 @@ class Membership:
             if rec.leaving or now - rec.time > self.ttl:
                 continue
             found[rec.peer_id] = rec
+        mono = time.monotonic()
         with self._lock:
             for pid, rec in found.items():
                 self._keys[pid] = rec.public_key
+                if self._changed.get(pid, (None,))[0] != rec.time:
+                    self._changed[pid] = (rec.time, mono)
             self._members = found
             self._leaving = leaving
-            self._read_at = time.monotonic()
+            self._read_at = mono
         return dict(found)
+
+    def fresh(self, max_age: float = 0.5) -> dict[str, MemberRecord]:
+        """Members whose record changed within the last three heartbeats, as this peer saw it (this peer's
+        own record always counts): the ones actually in reach now."""
+        found = self.members(max_age)
+        mono = time.monotonic()
+        with self._lock:
+            return {p: m for p, m in found.items()
+                    if p == self.identity.peer_id or mono - self._changed.get(p, (0.0, mono))[1] <= self.fresh_s}
 
     def leaving(self) -> set[str]:
         """Peers whose newest record announces their departure (graceful leave): nobody waits for them."""
@@ -124,8 +144,11 @@ class Membership:
             except RecordError as err:
                 self._note_bad("?", str(err))
                 continue
+            author = getattr(rec, _AUTHOR_FIELD[rec.kind])
+            if author in self.transport.blocked:  # testing aid: the other side of a simulated partition
+                continue
             if not self.verify_record(rec):
-                self._note_bad(getattr(rec, _AUTHOR_FIELD[rec.kind]), f"bad {rec.kind} signature or run")
+                self._note_bad(author, f"bad {rec.kind} signature or run")
                 continue
             out.append(rec)
         return out

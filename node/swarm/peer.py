@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gradnode.node.config import Config
-from gradnode.node.swarm import adversary
+from gradnode.node.swarm import adversary, health
+from gradnode.node.swarm.addressbook import AddressBook, with_peer_id
 from gradnode.node.swarm.agreement import abstain
-from gradnode.node.swarm.chores import Chores
+from gradnode.node.swarm.chores import Chores, Findings
 from gradnode.node.swarm.clock import Clock
 from gradnode.node.swarm.exchange import Outcome, Rejections, RoundExchange, check_update
 from gradnode.node.swarm.history import RoundLog
@@ -41,13 +42,17 @@ from gradnode.node.swarm.identity import Identity, load_or_create
 from gradnode.node.swarm.membership import Membership
 from gradnode.node.swarm.report import PeerSummary, Phases, Tally, append_metrics
 from gradnode.node.swarm.sync import Sync
-from gradnode.node.swarm.transport import Transport
-from gradnode.protocol.records import update_name
+from gradnode.node.swarm.transport import Transport, TransportError
+from gradnode.protocol.chain import Link
+from gradnode.protocol.records import WeightHash, majority_hash, update_name
 
 if TYPE_CHECKING:  # torch: imported by the training loop only, not by `--help`
     from gradnode.node.train.engine import Engine, RoundStats, Snapshot
 
 log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 10.0  # member record refresh and re-dialling of absent peers, at most this far apart
+DIAL_WINDOW_S = 6 * 3600.0  # address-book peers seen within this are re-dialled while absent
 
 
 def shard_of(peer_id: str) -> int:
@@ -81,6 +86,10 @@ class Peer:
         self.val_first: float | None = None
         self.val_last: float | None = None
         self.saved_round = -1
+        self.book = AddressBook(cfg.run.output_dir / "addressbook.json", self.identity.peer_id)
+        self.chains = health.ChainView()  # the chains among the live trainers, as last looked at
+        self.waiting = False  # for peers: before the first round, or alone mid-run
+        self._lost_forks = 0  # consecutive looks that found this peer off the winning chain
 
     # --- lifecycle --------------------------------------------------------------------------------
 
@@ -97,13 +106,34 @@ class Peer:
 
     def start(self) -> None:
         self.transport.on_push = self._accept_push
-        self.transport.start()
+        self._connect()
         self.membership = Membership(self.transport, self.identity, self.cfg.run.run_id, self.sw.record_ttl_s)
         self.clock = Clock(self.membership, self.sw, self.identity.peer_id, self.cfg.inner.steps, self.stop)
         self.chores = Chores(cfg=self.cfg, members=self.membership, transport=self.transport, phases=self.phases,
                              publish_member=lambda: self._publish_member(training=True), save=self._save_checkpoint,
-                             round_seconds=self.clock.round_seconds)
+                             round_seconds=self.clock.round_seconds, look_at_chains=self._look_at_chains)
         self._publish_member(training=not self.sw.serve_only)
+
+    def _connect(self) -> None:
+        """Start the transport through the initial peers and the address book; while none answers, say so
+        and try again for swarm.connect_timeout_s (a bootstrap being restarted comes back)."""
+        extra = [m for peer, maddrs in self.book.newest(8) for m in with_peer_id(peer, maddrs)]
+        end = time.monotonic() + self.sw.connect_timeout_s
+        while True:
+            try:
+                self.transport.start(extra_peers=extra)
+                return
+            except TransportError as err:
+                if self.stop.is_set() or time.monotonic() + 2.0 > end:
+                    raise
+                log.warning("waiting for peers of run %s: 0 found via %s (%s); trying again for %.0f s",
+                            self.cfg.run.run_id, self._via(), str(err).split(":")[0], end - time.monotonic())
+                self.stop.wait(2.0)
+
+    def _via(self) -> str:
+        known = len(self.book.entries)
+        return (", ".join(self.sw.initial_peers) or "no initial peer") + \
+            (f" and {known} address-book entr{'y' if known == 1 else 'ies'}" if known else "")
 
     def close(self) -> None:
         try:
@@ -113,25 +143,53 @@ class Peer:
             self.transport.close()
 
     def serve(self) -> None:
-        """Serve-only peer (bootstrap): keep the DHT and the membership record alive until stopped."""
+        """Serve-only peer (bootstrap): keep the DHT and the membership record alive until stopped, and
+        the address book of the peers it saw (a restarted bootstrap dials them: one swarm again)."""
         self._heartbeat(training=False, until=self.stop)
 
     def _heartbeat(self, training: bool, until: threading.Event) -> None:
-        """Refresh the membership record every third of its lifetime until ``until`` is set: liveness must
-        not depend on how long a round takes (a slow round would otherwise expire the record)."""
-        while not until.wait(min(10.0, self.sw.record_ttl_s / 3)):
+        """Until ``until`` is set: refresh the membership record every third of its lifetime (liveness must
+        not depend on how long a round takes), re-dial the known peers no longer in sight, write health."""
+        while not until.wait(min(HEARTBEAT_S, self.sw.record_ttl_s / 3)):  # = Membership.heartbeat_s
             self._publish_member(training=training)
+            try:
+                self._keep_connected()
+            except Exception as err:  # a DHT hiccup must not end the heartbeat
+                log.debug("keep-connected failed: %r", err)
+            if training:
+                self._write_health()
+
+    def _keep_connected(self) -> None:
+        """Note who is in sight in the address book, and dial the known peers that are not (back-off per
+        peer), the configured initial peers included: after a bootstrap restart with an empty DHT, or once
+        a network split heals, the two sides find each other again this way."""
+        members = self.membership.fresh()
+        self.book.note((p, list(m.maddrs)) for p, m in members.items())
+        now, wall = time.monotonic(), time.time()
+        absent = [p for p, e in self.book.entries.items() if p not in members and wall - e.seen < DIAL_WINDOW_S]
+        targets = self.book.due(absent, limit=8, now=now)
+        for maddr in self.sw.initial_peers:
+            peer = maddr.rsplit("/p2p/", 1)[-1]
+            if peer not in members and peer != self.identity.peer_id and all(peer != p for p, _ in targets):
+                targets.append((peer, [maddr]))
+        for peer, ok in self.transport.dial(targets).items():
+            self.book.dialled(peer, ok, now)
+            if ok:
+                log.info("reconnected peer=%s", peer[:12])
+        if self.sw.serve_only:
+            self.book.save()
 
     # --- the training loop ------------------------------------------------------------------------
 
     def train(self) -> PeerSummary:
+        done = threading.Event()  # the heartbeat runs from the start: a peer waiting for others stays visible
+        threading.Thread(target=self._heartbeat, args=(True, done), name="heartbeat", daemon=True).start()
         self._prepare()
         target = self.sw.rounds or math.inf
         pending: RoundExchange | None = None  # round r's exchange, running while round r+1 computes
         t_start = time.monotonic()
-        done = threading.Event()
-        threading.Thread(target=self._heartbeat, args=(True, done), name="heartbeat", daemon=True).start()
         while not self.stop.is_set() and self.engine.round + (pending is not None) < target:
+            self._wait_for_peers()  # never train alone by accident (swarm.min_peers)
             computing, skipped = self._round_to_compute(pending, target)
             stats = self._compute(computing)
             if pending is not None:
@@ -286,14 +344,52 @@ class Peer:
         self.history.forget_before(self.engine.round - keep)
 
     def _settle_chores(self) -> None:
-        mismatch = self.chores.settle()
+        found = self.chores.settle()
+        if found is None:
+            return
+        if found.chains is not None:
+            self.chains = found.chains
         # a round before our last re-sync was checked on weights we have replaced since: nothing to repair
-        if mismatch is not None and mismatch >= self.history.trusted_from:
-            log.warning("weight hash of round=%d differs from the majority: re-syncing", mismatch)
+        if found.mismatch is not None and found.mismatch >= self.history.trusted_from:
+            log.warning("weight hash of round=%d differs from the majority: re-syncing", found.mismatch)
             self._sync_state(reason="hash mismatch", force=True)
+        elif found.chains is not None:
+            self._follow_winning_chain(found.chains)
 
-    def _sync_state(self, reason: str, force: bool = False) -> None:
-        self.sync.level(reason, force)
+    def _follow_winning_chain(self, chains: health.ChainView) -> None:
+        """Off the chain most live trainers follow, twice in a row (one look may race a round): adopt a state
+        of that chain. Our unsent progress carries over; the losing chain's rounds since the split are lost."""
+        self._lost_forks = 0 if chains.on_winner else self._lost_forks + 1
+        if self._lost_forks < 2:
+            return
+        log.warning("this peer follows another chain than %d of %d trainers: adopting theirs", len(chains.winners),
+                    chains.trainers)
+        if self._sync_state(reason="fork", force=True, links=chains.winner_links):
+            self._lost_forks = 0
+
+    def _sync_state(self, reason: str, force: bool = False, links: set[Link] | None = None) -> bool:
+        before = self.engine.round
+        adopted = self.sync.level(reason, force, links)
+        if adopted and self.engine.round < before:  # a chain given up: its newer checkpoints and blobs are moot
+            from gradnode.node.train import checkpoint
+
+            checkpoint.drop_after(self.cfg.run.output_dir / "checkpoints", self.engine.round)
+            self.transport.blobs.drop(lambda n: not n.startswith("u/") or int(n.split("/")[2]) < self.engine.round)
+        return adopted
+
+    def _look_at_chains(self) -> health.ChainView:
+        """The chains among the live trainers (chores thread); health.json says what was found, and the
+        address book (saved with the checkpoint) learns who was in sight."""
+        members = self.membership.fresh()
+        self.book.note((p, list(m.maddrs)) for p, m in members.items())
+        view = health.chain_view(members, self.identity.peer_id, self.history.tail())
+        self.chains = view
+        self._write_health()
+        return view
+
+    def _write_health(self) -> None:
+        health.write(self.cfg.run.output_dir, view=self.chains, round_=self.engine.round if self.engine else 0,
+                     expected=self.sw.expected_peers, waiting=self.waiting)
 
     def _drain(self, pending: RoundExchange | None, t_start: float) -> float:
         """The pipeline drains: the last round's exchange has no next round to hide behind (once per
@@ -312,7 +408,31 @@ class Peer:
         if self.do_eval:
             self.val_last = self.engine.evaluate()
         self._linger()
+        if self._last_round_off_majority():  # no next round's hash check will repair the last one
+            self._save_checkpoint()
+            if self.do_eval:
+                self.val_last = self.engine.evaluate()
         return self._summary(wall)
+
+    def _last_round_off_majority(self) -> bool:
+        """The run's last round gets its hash check too: once the others reported it (bounded wait), a peer
+        off their majority re-syncs; True when it did."""
+        last = self.engine.round - 1
+        mine = self.history.hashes.get(last)
+        if not self.sw.hash_check or mine is None or self.stop.is_set():
+            return False
+        others = [p for p, m in self.membership.fresh(max_age=0).items() if m.training and p != self.identity.peer_id]
+        end, found = time.monotonic() + min(10.0, self.sw.max_wait_s), None
+        while time.monotonic() < end and not self.stop.is_set():
+            reports = [w for w in self.membership.read("weights", last, WeightHash) if w.round == last]
+            found = majority_hash(reports)
+            if len({w.peer for w in reports}) > len(others) // 2:
+                break
+            time.sleep(0.5)
+        if found is None or found[0] == mine:
+            return False
+        log.warning("weight hash of the last round=%d differs from the majority: re-syncing", last)
+        return self._sync_state(reason="last round", force=True)
 
     # --- helpers ----------------------------------------------------------------------------------
 
@@ -335,13 +455,37 @@ class Peer:
         return True
 
     def _wait_for_peers(self) -> None:
-        need = self.sw.min_peers
-        end = time.monotonic() + self.sw.max_wait_s
-        while need > 1 and not self.stop.is_set() and time.monotonic() < end:
-            live = [m for m in self.membership.members(max_age=0).values() if m.training]
-            if len(live) >= need or any(m.round > 0 for m in live):  # enough, or the swarm already runs
+        """Wait, saying so, until swarm.min_peers training peers (this one included) are in sight, or one
+        of an already running swarm; no timeout: a peer never trains alone by accident. Before the first
+        round, and whenever this peer finds itself the only trainer keeping up with the run (a split network,
+        everyone else gone); while it waits mid-run it takes any newer state the swarm offers, so a peer
+        left behind catches up instead of waiting. min_peers=1 trains alone."""
+        if self.sw.min_peers <= 1:
+            return
+        me, next_say, waited = self.identity.peer_id, 0.0, time.monotonic()
+        running = self.engine is not None and self.engine.round > 0
+        while not self.stop.is_set():
+            members = self.membership.fresh(max_age=0 if self.waiting else 0.5)
+            # mid-run, only those keeping up count: a peer whose view holds nothing but records of peers
+            # rounds behind it (a split network) would otherwise race ahead alone
+            others = [m for p, m in members.items() if m.training and p != me
+                      and (not running or m.round >= self.engine.round - 1)]
+            if len(others) + 1 >= self.sw.min_peers or any(m.round > 0 for m in others):
+                if self.waiting:
+                    log.info("peers of run %s in sight: %d, after %.0f s; training", self.cfg.run.run_id,
+                             len(others) + 1, time.monotonic() - waited)
+                self.waiting = False
                 return
-            time.sleep(0.3)
+            if not self.waiting:
+                self.waiting = True
+                self._write_health()
+            if time.monotonic() >= next_say:
+                log.warning("waiting for peers of run %s: %d found via %s (need %d; swarm.min_peers=1 trains "
+                            "alone)", self.cfg.run.run_id, len(others), self._via(), self.sw.min_peers)
+                next_say = time.monotonic() + 10.0
+                if running:
+                    self._sync_state(reason="catch up")  # the swarm may simply be ahead of us
+            self.stop.wait(1.0)
 
     def _publish_member(self, training: bool, leaving: bool = False) -> None:
         eng = self.engine
@@ -359,6 +503,7 @@ class Peer:
         snap = snap or self.engine.snapshot(copy=False)
         try:
             self.engine.write_snapshot(snap, self.cfg.run.output_dir / "checkpoints")
+            self.book.save()
             self.saved_round = snap.round
         except OSError as err:
             log.error("checkpoint of round=%d not written (%s: %s); training goes on from memory, fix the folder "

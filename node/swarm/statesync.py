@@ -26,6 +26,8 @@ import torch
 from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm.membership import Membership
 from gradnode.node.swarm.transport import Transport
+from gradnode.protocol import chain
+from gradnode.protocol.chain import Link
 from gradnode.protocol.records import StateManifest, WeightHash, majority_hash, state_chunk_name
 
 log = logging.getLogger(__name__)
@@ -75,14 +77,29 @@ def expected_hash(membership: Membership, round_: int) -> str | None:
     return None if found is None else found[0]
 
 
+def winning_links(membership: Membership) -> set[Link]:
+    """The states (round, hash) that the chain most live trainers follow lists (protocol/chain.py);
+    empty when no member publishes its chain."""
+    tails = {p: m.chain for p, m in membership.fresh().items() if m.training and m.chain}
+    return {link for p in chain.winner(tails) for link in tails[p]}
+
+
 def newest_offers(membership: Membership, cfg: SwarmConfig, me: str, min_round: int = 0,
-                  exclude: set[str] | frozenset[str] = frozenset()) -> list[StateManifest]:
-    """The offers of the newest round (>= ``min_round``) that carry the weight hash the swarm agrees on:
-    the majority report of the previous round, or, without reports, the hash most offerers give."""
+                  exclude: set[str] | frozenset[str] = frozenset(),
+                  links: set[Link] | None = None) -> list[StateManifest]:
+    """The offers of the newest round (>= ``min_round``) on the chain the swarm follows: a state whose
+    (round, hash) the winning chain lists (``links``, by default read off the member records); without
+    any published chain, the hash of the previous round's majority report, or the one most offerers give."""
     manifests = [m for m in membership.read("state", None, StateManifest)
                  if m.peer != me and m.peer not in exclude and m.size <= cfg.max_state_bytes and m.round >= min_round]
+    links = winning_links(membership) if links is None else links
     for round_ in sorted({m.round for m in manifests}, reverse=True):
         offers = [m for m in manifests if m.round == round_]
+        if links:  # an offer of round R holds the state after applying round R - 1
+            good = [m for m in offers if (round_ - 1, m.param_hash) in links]
+            if good:
+                return good
+            continue
         want = expected_hash(membership, round_)
         if want is None:
             votes = Counter(m.param_hash for m in offers)
@@ -96,7 +113,7 @@ def newest_offers(membership: Membership, cfg: SwarmConfig, me: str, min_round: 
 
 def fetch(*, transport: Transport, membership: Membership, cfg: SwarmConfig, run_id: str, min_round: int = 0,
           deadline_s: float = 120.0, accept: Callable[[dict[str, Any], StateManifest], bool] = lambda s, m: True,
-          stats: Counter | None = None) -> tuple[dict[str, Any], StateManifest] | None:
+          stats: Counter | None = None, links: set[Link] | None = None) -> tuple[dict[str, Any], StateManifest] | None:
     """Download the swarm's newest agreed state; None when nobody offers one in time.
 
     Offers of the chosen round that list the same chunks form a group; the largest group is fetched
@@ -109,7 +126,7 @@ def fetch(*, transport: Transport, membership: Membership, cfg: SwarmConfig, run
     deadline = time.monotonic() + deadline_s
     bad: set[str] = set()
     while time.monotonic() < deadline:
-        offers = newest_offers(membership, cfg, transport.peer_id, min_round, bad)
+        offers = newest_offers(membership, cfg, transport.peer_id, min_round, bad, links)
         if not offers:
             time.sleep(0.5)
             continue

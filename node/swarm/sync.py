@@ -17,6 +17,7 @@ from gradnode.node.swarm.history import RoundLog
 from gradnode.node.swarm.membership import Membership
 from gradnode.node.swarm.report import Tally
 from gradnode.node.swarm.transport import Transport
+from gradnode.protocol.chain import Link
 from gradnode.protocol.records import WeightHash, majority_hash
 
 if TYPE_CHECKING:
@@ -33,41 +34,49 @@ class Sync:
         self.engine, self.history, self.members, self.transport = engine, history, members, transport
         self.cfg, self.run_id, self.shapes, self.tally = cfg, run_id, shapes, tally
 
-    def level(self, reason: str, force: bool = False) -> None:
+    def level(self, reason: str, force: bool = False, links: set[Link] | None = None) -> bool:
         """Adopt the swarm's newest agreed state when it is ahead of ours (or when ``force``): replay the
-        missed rounds when that is cheaper, else download the full state."""
-        if not force and self._catch_up():
-            return
+        missed rounds when that is cheaper, else download the full state. ``links``: adopt a state of that
+        chain (a fork lost to it), whatever its round. True when a state was adopted or replayed. This
+        peer's progress not yet aggregated carries over onto the adopted weights (nothing computed is
+        lost); what is lost on a fork is the losing chain's aggregated rounds since the split."""
+        if not force and links is None and self._catch_up():
+            return True
         eng = self.engine
         backup = eng.shared_state()
 
         def accept(state: dict[str, Any], manifest: Any) -> bool:
             try:
-                eng.load_shared_state(state)
+                eng.load_shared_state(state, keep_progress=True)
                 ok = eng.param_hash() == manifest.param_hash
             except (ValueError, KeyError, RuntimeError) as err:
                 log.warning("state from %s unusable: %s", manifest.peer[:12], err)
                 ok = False
             if not ok:
-                eng.load_shared_state(backup)
+                eng.load_shared_state(backup, keep_progress=True)
             return ok
 
+        min_round = 0 if links is not None else eng.round if force else eng.round + 1
         got = statesync.fetch(transport=self.transport, membership=self.members, cfg=self.cfg, run_id=self.run_id,
-                              min_round=eng.round if force else eng.round + 1,
-                              deadline_s=self.cfg.max_wait_s if force else 3.0, accept=accept, stats=self.tally.sync)
+                              min_round=min_round, deadline_s=self.cfg.max_wait_s if force else 3.0,
+                              accept=accept, stats=self.tally.sync, links=links)
         if got is None:
             if force:
-                log.warning("re-sync found no state offer; continuing")
-            return
+                log.warning("re-sync (%s) found no state offer; continuing", reason)
+            return False
         _, manifest = got
         self.tally.resyncs += force
         h = self.history
+        for r in [r for r in h.hashes if r >= eng.round - 1]:  # a chain given up: its newer rounds are moot
+            del h.hashes[r]
+            h.applied.pop(r, None)
         h.hashes[eng.round - 1] = manifest.param_hash
         h.trusted_from = eng.round - 1
         h.rejoined = True
         h.senders = self._agreed_senders(eng.round - 1)
         log.info("state adopted reason=%s round=%d from=%s hash=%s", reason, eng.round,
                  manifest.peer[:12], manifest.param_hash[:12])
+        return True
 
     def _catch_up(self) -> bool:
         """Replay the rounds between our checkpoint and the swarm's newest state, when their updates are

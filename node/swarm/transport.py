@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import random
 import shutil
@@ -22,7 +23,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import hivemind
 import msgpack
@@ -45,6 +46,10 @@ _HEADER = struct.Struct(">BQ")  # status, length
 _MAX_REQUEST = 1024
 _MAX_DHT_VALUE = 32 * 1024
 _SOCKET_PREFIX_LOCK = threading.Lock()  # hivemind reads the socket folder from a class attribute
+# A peer that cannot be reached (a split network drops packets: nothing is refused, everything hangs)
+# must cost one attempt, not a whole deadline: opening a stream, and every piece of a transfer, is bounded.
+_OPEN_S = 5.0
+_STALL_S = 10.0
 Sources = list[tuple[str, list[str]]] | Callable[[], list[tuple[str, list[str]]]]
 
 
@@ -65,6 +70,16 @@ def explain_start_failure(err: BaseException, initial: list[str], hosts: list[st
     if "multiaddr" in text or "p2p addr" in text:
         return f"a multiaddr was refused ({', '.join(initial + hosts)}): {text.splitlines()[-1].strip()}"
     return f"the libp2p daemon did not start: {text.strip().splitlines()[-1] if text.strip() else type(err).__name__}"
+
+
+def _without_peer_id(maddr: str) -> str:
+    """The daemon dials a transport address; the /p2p/<id> part goes separately (as the peer id)."""
+    return maddr.split("/p2p/")[0]
+
+
+async def _dht_ping(dht: hivemind.DHT, node: Any, peer: str) -> None:
+    """Runs in the DHT's process: ping ``peer``, which adds it to our routing table and us to its one."""
+    await node.protocol.call_ping(PeerID.from_base58(peer))
 
 
 class TokenBucket:
@@ -148,10 +163,23 @@ class Transport:
         self._dht_lock = threading.Lock()
         self._closed = False
         self._sockdir: str | None = None
+        self.blocked: frozenset[str] = frozenset()  # testing aid: peers of a simulated partition (see _watch_cut)
 
     # --- lifecycle -------------------------------------------------------------------------------------
 
-    def start(self, timeout: float = 60.0) -> None:
+    def start(self, timeout: float = 60.0, extra_peers: list[str] | None = None) -> None:
+        """Start the DHT and the daemon, joining through swarm.initial_peers and ``extra_peers`` (the address
+        book's; any one that answers will do). TransportError when none answers; with no configured
+        initial peer (a bootstrap) the address book is a best effort, and the peer starts on its own."""
+        try:
+            self._start(timeout, [*self.cfg.initial_peers, *(extra_peers or [])])
+        except TransportError:
+            if self.cfg.initial_peers or not extra_peers:
+                raise
+            log.warning("nobody in the address book answered; starting without initial peers")
+            self._start(timeout, [])
+
+    def _start(self, timeout: float, initial: list[str]) -> None:
         key = RSAPrivateKey.__new__(RSAPrivateKey)
         key._private_key = self.identity.private_key  # same key as the daemon: owner-protected subkeys
         self._validator = RSASignatureValidator(key)
@@ -165,19 +193,21 @@ class Transport:
             P2P._UNIX_SOCKET_PREFIX = f"/unix{self._sockdir}/hivemind-"
             try:
                 self._dht = hivemind.DHT(
-                    initial_peers=list(self.cfg.initial_peers) or None, start=True,
+                    initial_peers=initial or None, start=True,
                     host_maddrs=hosts, announce_maddrs=list(self.cfg.announce_maddrs) or None,
                     client_mode=self.cfg.client_mode, identity_path=str(self.identity.path),
                     record_validators=[self._validator], startup_timeout=timeout, await_ready=True)
             except Exception as err:  # the daemon's own words read like a local fault: say what to check
                 shutil.rmtree(self._sockdir, ignore_errors=True)
-                raise TransportError(explain_start_failure(err, list(self.cfg.initial_peers), hosts)) from err
+                raise TransportError(explain_start_failure(err, initial, hosts)) from err
             self._thread.start()
             self._p2p = self._run(self._dht.replicate_p2p(), timeout)
         if not self.cfg.client_mode:
             self._run(self._p2p.add_binary_stream_handler(_GET, self._serve), timeout)
             self._run(self._p2p.add_binary_stream_handler(_PUSH, self._receive_push), timeout)
         assert self.peer_id == self.identity.peer_id, "daemon and identity disagree on the peer id"
+        if self.cfg.fault_partition_file is not None:
+            threading.Thread(target=self._watch_cut, name="partition", daemon=True).start()
         log.info("transport up peer=%s maddrs=%s", self.peer_id, ",".join(self.maddrs()))
 
     def close(self) -> None:
@@ -204,6 +234,18 @@ class Transport:
         if self._sockdir is not None:
             shutil.rmtree(self._sockdir, ignore_errors=True)
 
+    def _watch_cut(self) -> None:
+        """Testing aid: re-read swarm.fault_partition_file every second; its peers are 'on the other side'."""
+        path = self.cfg.fault_partition_file
+        while not self._closed:
+            try:
+                import json
+
+                self.blocked = frozenset(json.loads(path.read_text()).get("blocked", []))
+            except (OSError, ValueError, AttributeError):
+                pass  # not written yet, or being replaced
+            time.sleep(1.0)
+
     @property
     def peer_id(self) -> str:
         assert self._dht is not None
@@ -228,25 +270,32 @@ class Transport:
         """Store ``value`` under ``key`` in this peer's owner-protected subkey; False on failure."""
         assert self._dht is not None
         assert len(value) <= _MAX_DHT_VALUE, f"DHT values must stay small, got {len(value)} bytes"
+        t0 = time.monotonic()
         try:
             with self._dht_lock:
                 fut = self._dht.store(key, value, self.now() + ttl, subkey=self._validator.local_public_key,
                                       return_future=True)
             return bool(fut.result(timeout))
         except Exception as err:
-            log.warning("dht store failed key=%s error=%r", key, err)
+            log.warning("dht store failed key=%s error=%r after %.1f s", key, err, time.monotonic() - t0)
             return False
+        finally:
+            if time.monotonic() - t0 > 2.0:  # unreachable DHT nodes (a split network) show up here first
+                log.info("dht store slow key=%s seconds=%.1f", key, time.monotonic() - t0)
 
     def get(self, key: str, timeout: float = 10.0) -> list[bytes]:
         """All live values stored under ``key`` (one per owner); [] when none or on failure."""
         assert self._dht is not None
+        t0 = time.monotonic()
         try:
             with self._dht_lock:
                 fut = self._dht.get(key, latest=True, return_future=True)
             found = fut.result(timeout)
         except Exception as err:
-            log.warning("dht get failed key=%s error=%r", key, err)
+            log.warning("dht get failed key=%s error=%r after %.1f s", key, err, time.monotonic() - t0)
             return []
+        if time.monotonic() - t0 > 2.0:  # unreachable DHT nodes (a split network) show up here first
+            log.info("dht get slow key=%s seconds=%.1f", key, time.monotonic() - t0)
         if found is None or not isinstance(found.value, dict):
             return []
         return [v.value for v in found.value.values() if isinstance(v.value, bytes)]
@@ -254,11 +303,14 @@ class Transport:
     # --- blobs over streams ----------------------------------------------------------------------------
 
     async def _serve(self, info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if info.peer_id.to_base58() in self.blocked:
+            writer.close()
+            return
         try:
-            (n,) = struct.unpack(">I", await asyncio.wait_for(reader.readexactly(4), 30))
+            (n,) = struct.unpack(">I", await asyncio.wait_for(reader.readexactly(4), _STALL_S))
             if n > _MAX_REQUEST:
                 return
-            name = msgpack.unpackb(await asyncio.wait_for(reader.readexactly(n), 30))
+            name = msgpack.unpackb(await asyncio.wait_for(reader.readexactly(n), _STALL_S))
             data = self.blobs.get(name) if isinstance(name, str) else None
             is_state = data is not None and name.startswith("s/")
             own = data is not None and update_sender(name) == self.peer_id
@@ -305,7 +357,7 @@ class Transport:
             piece = data[i:i + _CHUNK]
             await self._up.consume(len(piece))
             writer.write(piece)
-            await writer.drain()
+            await asyncio.wait_for(writer.drain(), _STALL_S)  # a reader that stops reading is dropped
             self.bytes_up += len(piece)
             self.state_bytes_up += len(piece) if is_state else 0
             self.own_update_bytes_up += len(piece) if own else 0
@@ -317,13 +369,13 @@ class Transport:
         assert self._p2p is not None
         pid = PeerID.from_base58(peer)
         try:
-            _, reader, writer = await self._p2p.call_binary_stream_handler(pid, handler)
+            _, reader, writer = await asyncio.wait_for(self._p2p.call_binary_stream_handler(pid, handler), _OPEN_S)
         except Exception:
-            maddrs = [Multiaddr(a) for a in addrs]
+            maddrs = [Multiaddr(_without_peer_id(a)) for a in addrs]
             if not maddrs:
                 raise
-            await self._p2p._client.connect(pid, maddrs)
-            _, reader, writer = await self._p2p.call_binary_stream_handler(pid, handler)
+            await asyncio.wait_for(self._p2p._client.connect(pid, maddrs), _OPEN_S)
+            _, reader, writer = await asyncio.wait_for(self._p2p.call_binary_stream_handler(pid, handler), _OPEN_S)
         req = msgpack.packb(name)
         writer.write(struct.pack(">I", len(req)) + req + extra)
         return reader, writer
@@ -331,16 +383,16 @@ class Transport:
     async def _fetch(self, peer: str, name: str, max_bytes: int, addrs: Iterable[str]) -> bytes | None:
         reader, writer = await self._open(peer, addrs, _GET, name)
         try:
-            await writer.drain()
-            status, length = _HEADER.unpack(await reader.readexactly(_HEADER.size))
+            await asyncio.wait_for(writer.drain(), _STALL_S)
+            status, length = _HEADER.unpack(await asyncio.wait_for(reader.readexactly(_HEADER.size), _STALL_S))
             if status != 1:
                 return None
             if length > max_bytes:
                 raise ValueError(f"blob {name} of {length} bytes exceeds the cap {max_bytes}")
             parts = []
             left = length
-            while left:
-                piece = await reader.readexactly(min(_CHUNK, left))
+            while left:  # a holder that stalls is left for another one (an unreachable or trickling peer)
+                piece = await asyncio.wait_for(reader.readexactly(min(_CHUNK, left)), _STALL_S)
                 await self._down.consume(len(piece))
                 self.bytes_down += len(piece)
                 parts.append(piece)
@@ -368,7 +420,7 @@ class Transport:
             if local is not None and len(local) <= max_bytes and verify(local):
                 return local
             listed = sources() if callable(sources) else sources
-            order = [s for s in listed if s[0] != me]
+            order = [s for s in listed if s[0] != me and s[0] not in self.blocked]
             random.shuffle(order)
             # an update's own sender last: it serves a few copies, the rest spreads from those (gossip)
             origin = update_sender(name)
@@ -392,17 +444,20 @@ class Transport:
     async def _receive_push(self, info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """A client-mode peer hands us a blob: read it (bounded), let ``on_push`` verify it, answer 1/0."""
         ok = False
+        if info.peer_id.to_base58() in self.blocked:
+            writer.close()
+            return
         try:
-            (n,) = struct.unpack(">I", await asyncio.wait_for(reader.readexactly(4), 30))
+            (n,) = struct.unpack(">I", await asyncio.wait_for(reader.readexactly(4), _STALL_S))
             if n > _MAX_REQUEST:
                 return
-            name = msgpack.unpackb(await asyncio.wait_for(reader.readexactly(n), 30))
-            (length,) = struct.unpack(">Q", await asyncio.wait_for(reader.readexactly(8), 30))
+            name = msgpack.unpackb(await asyncio.wait_for(reader.readexactly(n), _STALL_S))
+            (length,) = struct.unpack(">Q", await asyncio.wait_for(reader.readexactly(8), _STALL_S))
             if not isinstance(name, str) or length > self.cfg.max_update_bytes or self.on_push is None:
                 return
             parts, left = [], length
             while left:
-                piece = await asyncio.wait_for(reader.readexactly(min(_CHUNK, left)), 30)
+                piece = await asyncio.wait_for(reader.readexactly(min(_CHUNK, left)), _STALL_S)
                 await self._down.consume(len(piece))
                 self.bytes_down += len(piece)
                 parts.append(piece)
@@ -442,9 +497,36 @@ class Transport:
         async def all_() -> list[bool]:
             return await asyncio.gather(*(one(p, a) for p, a in targets))
 
+        targets = [(p, a) for p, a in targets if p not in self.blocked]
         if not targets:
             return 0
         return sum(self._run(all_(), max(1.0, deadline - time.monotonic() + 5)))
+
+    def dial(self, targets: list[tuple[str, list[str]]], timeout: float = 5.0) -> dict[str, bool]:
+        """Connect to each (peer id, maddrs) and ping it through the DHT, so that both add each other to
+        their routing tables (a peer found in the address book joins this peer's DHT again). Concurrent,
+        bounded by ``timeout``; {peer id: answered}."""
+        async def one(peer: str, maddrs: list[str]) -> bool:
+            try:
+                pid = PeerID.from_base58(peer)
+                addrs = [Multiaddr(_without_peer_id(m)) for m in maddrs]
+                await asyncio.wait_for(self._p2p._client.connect(pid, addrs), timeout)
+                return True
+            except Exception as err:  # an unreachable or vanished peer is a normal event
+                log.debug("dial failed peer=%s error=%r", peer[:12], err)
+                return False
+
+        async def all_() -> list[bool]:
+            return await asyncio.gather(*(one(p, m) for p, m in targets))
+
+        targets = [(p, m) for p, m in targets if p not in self.blocked]
+        if not targets or self._dht is None:
+            return {}
+        answered = dict(zip((p for p, _ in targets), self._run(all_(), timeout + 5)))
+        for peer, ok in answered.items():
+            if ok:  # in the DHT's own process: its routing table and the other side's learn each other
+                self._dht.run_coroutine(functools.partial(_dht_ping, peer=peer), return_future=True)
+        return answered
 
     def submit(self, coro) -> "concurrent.futures.Future":
         """Run a coroutine on the transport loop without waiting (fetches in the background)."""

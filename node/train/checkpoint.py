@@ -78,6 +78,16 @@ def save(directory: Path | str, round_: int, state: dict[str, Any], meta: dict[s
     return final
 
 
+def drop_after(directory: Path | str, round_: int) -> list[Path]:
+    """Remove the checkpoints of rounds after ``round_`` (a chain this peer gave up for the swarm's: they
+    would otherwise be resumed from, and would prune the newer ones of the adopted chain)."""
+    gone = [p for p in list_checkpoints(directory) if int(_NAME.match(p.name).group(1)) > round_]
+    for path in gone:
+        shutil.rmtree(path)
+        log.info("checkpoint of an abandoned chain removed path=%s", path)
+    return gone
+
+
 def list_checkpoints(directory: Path | str) -> list[Path]:
     """Checkpoint folders in ``directory``, newest round first (temporary folders excluded)."""
     directory = Path(directory)

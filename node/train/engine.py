@@ -222,23 +222,27 @@ class Engine:
                 "outer": self.outer.state_dict()}
 
     @torch.no_grad()
-    def load_shared_state(self, state: Mapping[str, Any]) -> None:
-        """Adopt a swarm's state: local and start become theta_g; own EF restarts from zero."""
+    def load_shared_state(self, state: Mapping[str, Any], keep_progress: bool = False) -> None:
+        """Adopt a swarm's state: start becomes theta_g. ``keep_progress``: this peer's progress not yet
+        aggregated (local - start, and the error-feedback buffer) carries over onto the new weights, so
+        nothing it computed is thrown away; otherwise local becomes theta_g and EF restarts from zero."""
         if state.get("version") != STATE_VERSION or state.get("run_id") != self.cfg.run.run_id:
             raise ValueError(f"shared state is for run {state.get('run_id')!r} v{state.get('version')}, "
                              f"expected run.run_id={self.cfg.run.run_id!r} v{STATE_VERSION}")
         params = state["global_params"]
         if sorted(params) != self.names or any(params[n].shape != self.global_params[n].shape for n in self.names):
             raise ValueError("shared state does not match this model (check the model section of the config)")
+        progress = {n: self.params[n] - self.start[n] for n in self.names} if keep_progress else None
         self.global_params = {n: params[n].detach().float().cpu().clone() for n in self.names}
         self.outer.load_state_dict(state["outer"])
         self.round = int(state["round"])
         self.step = self.round * self.cfg.inner.steps
-        self.ef = {}
-        self.pending_tokens = 0
+        if not keep_progress:
+            self.ef = {}
+            self.pending_tokens = 0
         for n in self.names:
             theta = self.global_params[n].to(self.device)
-            self.params[n].copy_(theta)
+            self.params[n].copy_(theta if progress is None else theta + progress[n])
             self.start[n].copy_(theta)
 
     # --- checkpoints ------------------------------------------------------------------------------

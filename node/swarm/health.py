@@ -1,0 +1,82 @@
+"""Is this peer in one swarm with the others? What `gradnode health` (and a compose healthcheck) reads.
+
+A peer looks at the live training members it can see and groups them by the chain of states they
+publish (protocol/chain.py). It is healthy while it follows the winning chain, sees at least
+``swarm.expected_peers`` trainers (when set), and is not waiting for peers. The peer writes what it
+found to ``health.json`` in its run folder every round and every heartbeat; `gradnode health` fails
+when that file says so, or when it is older than a minute (a hung or dead peer).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gradnode.protocol import chain
+from gradnode.protocol.chain import Link
+from gradnode.protocol.records import MemberRecord
+
+FILE_NAME = "health.json"
+
+
+@dataclass
+class ChainView:
+    """The chains among the live trainers, as this peer sees them."""
+
+    trainers: int = 1  # live training peers seen, this one included
+    groups: int = 1  # chains among them
+    on_winner: bool = True  # this peer follows the chain most of them follow
+    winner_links: set[Link] = field(default_factory=set)  # the states that chain lists
+    winners: list[str] = field(default_factory=list)  # the peers following it
+
+
+def chain_view(members: dict[str, MemberRecord], me: str, my_tail: list[Link]) -> ChainView:
+    """Group the live trainers (this peer with its own newest tail) by chain; see protocol/chain.py."""
+    tails = {p: list(m.chain) for p, m in members.items() if m.training and m.chain and p != me}
+    if my_tail:
+        tails[me] = list(my_tail)
+    found = chain.groups(tails)
+    trainers = len({p for p, m in members.items() if m.training} | {me})
+    if not found:
+        return ChainView(trainers=trainers)
+    win = found[0]
+    return ChainView(trainers=trainers, groups=len(found), on_winner=me in win or not my_tail,
+                     winner_links={link for p in win for link in tails[p]}, winners=win)
+
+
+def write(folder: Path, *, view: ChainView, round_: int, expected: int, waiting: bool) -> None:
+    """health.json for `gradnode health`, replaced atomically."""
+    reasons = []
+    if waiting:
+        reasons.append("waiting for peers")
+    if not view.on_winner:
+        reasons.append(f"weights off the chain most peers follow ({view.groups} chains among "
+                       f"{view.trainers} trainers)")
+    if expected and view.trainers < expected:
+        reasons.append(f"sees {view.trainers} of {expected} expected trainers")
+    data = {"ok": not reasons, "reason": "; ".join(reasons) or "ok", "time": time.time(), "round": round_,
+            "trainers": view.trainers, "expected": expected, "chains": view.groups, "on_winner": view.on_winner,
+            "winners": view.winners[:8]}
+    tmp = folder / f".{FILE_NAME}.{os.getpid()}.tmp"
+    try:
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, folder / FILE_NAME)
+    except OSError:  # a full disk must not stop training; the check then reports a stale file
+        pass
+
+
+def check(folder: Path, max_age_s: float = 60.0) -> tuple[bool, str]:
+    """(healthy, one line why) from the health.json of a peer's run folder."""
+    path = folder / FILE_NAME
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False, f"no readable {path} (the peer has not started, or is not a gradnode peer folder)"
+    age = time.time() - float(data.get("time", 0.0))
+    if age > max_age_s:
+        return False, f"{path} is {age:.0f} s old: the peer is hung or gone"
+    return bool(data.get("ok")), f"round {data.get('round')}: {data.get('reason')} " \
+                                 f"({data.get('trainers')} trainers seen, {data.get('chains')} chain(s))"

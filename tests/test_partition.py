@@ -1,0 +1,76 @@
+"""One run stays one swarm: a network split heals onto one hash, and a peer never trains alone by accident."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY_SWARM
+from gradnode.node.sim import netns
+from gradnode.node.sim import simulate as sim
+
+pytestmark = pytest.mark.swarm
+
+# Rounds of ~2-3 s (steps stretched by sleeping), heartbeats every 3 s (record_ttl_s / 3): a peer missing for
+# three heartbeats (9 s) is dialled again from the address book, so a healed split is noticed within ~15 s.
+PACED = ["inner.steps=10", "swarm.slowdown=60", "swarm.state_chunk_bytes=65536", "swarm.record_ttl_s=9"]
+HEAL_WITHIN = 10  # rounds after the heal by which every live peer is on one hash (K)
+
+
+def rounds_to_agree(summary: dict, after: int) -> int | None:
+    """Rounds from ``after`` until every live peer reports one hash for a round and every round after it."""
+    live = [p for p in summary["peers"] if "error" not in p]
+    last = summary["rounds"]
+    for r in range(after, last):
+        tail = [{p["hashes"].get(str(x)) for p in live} for x in range(r, last)]
+        if all(len(h) == 1 and None not in h for h in tail):
+            return r - after
+    return None
+
+
+@pytest.mark.parametrize("cut", ["netns", "transport"])
+def test_a_split_swarm_merges_onto_one_hash_after_the_heal(run_swarm, cut: str) -> None:
+    """4 peers split 2|2 at round 3 (the bootstrap with the first group) and train on as two swarms; the
+    network heals at round 12. The peers dial the ones they lost from their address books, see two chains,
+    and the one followed by fewer peers (a tie here: the group without the lowest peer id) adopts the
+    other's state, keeping its own unsent progress."""
+    if cut == "netns" and not netns.available()[0]:
+        pytest.skip(f"network namespaces unavailable: {netns.available()[1]}")
+    summary = run_swarm(peers=4, rounds=30, faults="partition:0,1|2,3@r3,heal@r12", extra=PACED,
+                        timeout_s=400, link="auto" if cut == "netns" else "bucket")
+    assert summary["partition"] == cut
+    peers = summary["peers"]
+    assert summary["live_peers"] == 4 and summary["identical_hashes"], summary
+    # the split was real: two hashes in the middle of it
+    middle = {p["hashes"].get("8") for p in peers}
+    assert len(middle) == 2, middle
+    took = rounds_to_agree(summary, 12)
+    assert took is not None and took <= HEAL_WITHIN, f"one hash {took} rounds after the heal"
+    assert sum(p["resyncs"] for p in peers) >= 2  # the losing pair adopted the winning chain
+    assert summary["val_loss_last"] < summary["val_loss_first"]
+
+
+def test_a_peer_alone_waits_for_its_run_and_says_so(tmp_path: Path) -> None:
+    """A peer that finds no other trainer of its run (only the bootstrap) waits instead of training alone,
+    and says so; once a second peer joins, both train on one hash."""
+    s = sim.SimSettings(peers=2, rounds=3, config=None, out_dir=tmp_path, overrides=list(TINY_SWARM),
+                        timeout_s=240, eval_peers=0)
+    with sim.Swarm(s) as swarm:
+        initial = swarm.start_bootstrap()
+        swarm.start_peer(0, initial, min_peers=2)
+        log_path, end = tmp_path / "peer-0.log", time.monotonic() + 120
+        while time.monotonic() < end and "waiting for peers of run" not in log_path.read_text():
+            time.sleep(0.5)
+        text = log_path.read_text()
+        assert "waiting for peers of run gradnode-tiny: 0 found via /ip4/127.0.0.1/" in text, text[-2000:]
+        time.sleep(5)
+        assert not (tmp_path / "peer-0" / "metrics.jsonl").exists()  # not one round trained alone
+        swarm.start_peer(1, initial, min_peers=2)
+        end = time.monotonic() + 200
+        while swarm.peers_running() and time.monotonic() < end:
+            time.sleep(0.5)
+    summary = sim.collect(s, 0.0)
+    assert summary["live_peers"] == 2 and summary["identical_hashes"], summary
+    assert "peers of run gradnode-tiny in sight: 2" in log_path.read_text()

@@ -101,6 +101,22 @@ def _load(config: Optional[Path], overrides: Optional[list[str]], extra: dict[st
         raise typer.Exit(2) from None
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of the record, never to a stream that has since been
+    replaced and closed (a test runner's capture, a redirected console)."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def _setup_logging(verbose: bool) -> None:
     """Logs go through the shared console on a terminal (above any progress bar or live view), plainly
     with timestamps elsewhere (log files); hivemind's own INFO lines only with --verbose."""
@@ -112,7 +128,7 @@ def _setup_logging(verbose: bool) -> None:
         handler = RichHandler(console=ERR, show_path=False, markup=False, log_time_format="%H:%M:%S")
         handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
     else:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler], force=True)
 
@@ -603,8 +619,9 @@ def bench_quality_cmd(
 
     from gradnode.node.bench import quality as bq
 
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, handlers=[handler], force=True)
     if aggregation not in ("mean", "coord_mean"):
         typer.echo("error: --aggregation must be mean or coord_mean", err=True)
         raise typer.Exit(2)

@@ -69,6 +69,21 @@ def swarm_metrics(summary: dict[str, Any], index: int) -> list[dict[str, Any]]:
     return sim.read_metrics(Path(summary["out_dir"]) / f"peer-{index}" / "metrics.jsonl")
 
 
+def explain(summary: dict[str, Any], tail: int = 25) -> str:
+    """A failed swarm assertion's message: one line per peer, and the last log lines of every peer that did
+    not finish every round (pytest cuts a summary dict after a hundred characters)."""
+    lines, rounds = [], summary["rounds"]
+    for p in summary["peers"]:
+        last = sorted(p.get("hashes", {}), key=int)[-1:] if p.get("hashes") else []
+        lines.append(f"peer-{p['index']}: rounds={p.get('rounds')} error={p.get('error')} resyncs={p.get('resyncs')} "
+                     f"hash={p.get('param_hash', '')[:12]} last_round_hashed={last}")
+        if "error" in p or p.get("rounds") != rounds:
+            log = Path(summary["out_dir"]) / f"peer-{p['index']}.log"
+            if log.exists():
+                lines += ["    " + x for x in log.read_text(errors="replace").splitlines()[-tail:]]
+    return "\n".join(lines)
+
+
 @pytest.fixture
 def metrics_of() -> Callable[[dict[str, Any], int], list[dict[str, Any]]]:
     return swarm_metrics

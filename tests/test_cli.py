@@ -74,6 +74,27 @@ def test_config_mistakes_name_the_key_without_pydantic_prefixes(tmp_path: Path) 
     assert result.exit_code == 2 and f"config file not found: {tmp_path / 'missing.yaml'}" in result.output
 
 
+def test_logs_after_a_command_go_to_the_stderr_of_the_moment(capsys: pytest.CaptureFixture[str]) -> None:
+    """A command sets up logging while stderr is some stream that is later closed (a test runner's capture);
+    a record logged afterwards (the next test, a simulate in the same process) must not hit the closed stream."""
+    import contextlib
+    import io
+    import logging
+
+    from gradnode.node import cli
+
+    was = logging.getLogger().handlers[:]
+    try:
+        with contextlib.redirect_stderr(io.StringIO()) as gone:
+            cli._setup_logging(False)
+        gone.close()
+        logging.getLogger("gradnode.test").warning("after the command")
+        err = capsys.readouterr().err
+        assert "after the command" in err and "Logging error" not in err, err
+    finally:
+        logging.basicConfig(handlers=was, force=True)
+
+
 @pytest.mark.parametrize("args", [["join", "--initial-peer", "/ip4/1.2.3.4/tcp/31337"],
                                   ["status", "-p", "not-an-address"],
                                   ["join", "-p", "/ip4/1.2.3.4/tcp/31337/p2p/QmNotAPeerId"],

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_SWARM
+from conftest import TINY_SWARM, explain
 from gradnode.node.sim import netns
 from gradnode.node.sim import simulate as sim
 
@@ -42,7 +42,7 @@ def test_a_split_swarm_merges_onto_one_hash_after_the_heal(run_swarm, cut: str) 
                         timeout_s=400, link="auto" if cut == "netns" else "bucket")
     assert summary["partition"] == cut
     peers = summary["peers"]
-    assert summary["live_peers"] == 4 and summary["identical_hashes"], summary
+    assert summary["live_peers"] == 4 and summary["identical_hashes"], explain(summary)
     # the split was real: two hashes in the middle of it
     middle = {p["hashes"].get("8") for p in peers}
     assert len(middle) == 2, middle

@@ -387,7 +387,8 @@ def status_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = S
                initial_peer: Optional[list[str]] = PeerOpt,
                as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
                verbose: bool = VerboseOpt) -> None:
-    """Print the swarm's members: peer, round, throughput, traffic, rejected updates, last seen."""
+    """Print the swarm's members: peer, round, throughput, traffic, rejected updates, by how many peers each
+    is ignored for repeated invalid updates, last seen."""
     import tempfile
 
     cfg = _swarm_cfg(config, set_, initial_peer)
@@ -414,16 +415,19 @@ def status_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = S
             transport.close()
     rows = sorted(members.values(), key=lambda m: m.peer_id)
     if as_json:
-        typer.echo(json.dumps([{**m.model_dump(exclude={"public_key", "signature"}), "last_seen_s": now - m.time}
-                               for m in rows]))
+        typer.echo(json.dumps([{**m.model_dump(exclude={"public_key", "signature"}), "last_seen_s": now - m.time,
+                                "ignored_by": sum(m.peer_id in other.ignoring for other in rows)} for m in rows]))
         return
     table = Table(title=f"swarm {cfg.run.run_id}: {plural(len(rows), 'peer')}")
-    for col in ("peer", "role", "round", "tok/s", "loss", "up MB", "down MB", "rejected", "last seen", "version"):
+    for col in ("peer", "role", "round", "tok/s", "loss", "up MB", "down MB", "rejected", "ignored by", "last seen",
+                "version"):
         table.add_column(col)
     for m in rows:
+        ignored_by = sum(m.peer_id in other.ignoring for other in rows)
         table.add_row(m.peer_id[:16], "train" if m.training else "serve", str(m.round), f"{m.tokens_per_s:.0f}",
                       f"{m.loss:.3f}" if m.loss is not None else "-", f"{m.bytes_up / 1e6:.1f}",
-                      f"{m.bytes_down / 1e6:.1f}", str(m.rejected), f"{now - m.time:.0f}s ago", m.software_version)
+                      f"{m.bytes_down / 1e6:.1f}", str(m.rejected), str(ignored_by) if ignored_by else "-",
+                      f"{now - m.time:.0f}s ago", m.software_version)
     Console().print(table)
 
 

@@ -119,6 +119,10 @@ class OuterConfig(_Section):
         "coord_mean", description="'coord_mean': per coordinate, over the peers that sent it (measured 4.9% lower "
                                   "val loss, node/QUALITY.md); 'mean': average over contributing peers.")
     clip_to_median: bool = Field(True, description="Clip each peer's update to the round's median norm.")
+    max_step_ratio: float = Field(
+        1.0, gt=0.0, le=1e6, description="A round's aggregate whose norm exceeds this multiple of the shared "
+                                         "weights' norm (or holds inf/NaN) is never applied: every peer skips "
+                                         "that outer step alike. Honest steps are far below 1 (bench robust).")
 
 
 _RATE_UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8,
@@ -252,13 +256,17 @@ class SwarmConfig(_Section):
                                                "(gossip: bounds the sender's upload of its own update); after "
                                                "half of swarm.min_deadline_s (at most 2 s) it serves anyone. "
                                                "0: no cap.")
+    ignore_after: int = Field(3, ge=1, le=1000, description="Rejected updates after which a sender is ignored "
+                                                            "(its announcements not fetched, its pushes refused).")
+    ignore_rounds: int = Field(10, ge=0, le=10**6, description="Rounds a sender stays ignored (0: never ignore).")
     push_peers: int = Field(2, ge=1, le=64,
                             description="Reachable peers a client-mode peer pushes each of its updates to; they "
                                         "verify, hold and serve it for everyone else.")
-    fault: Literal["none", "corrupt", "forge", "tamper_state", "drift"] = Field(
+    fault: Literal["none", "corrupt", "forge", "tamper_state", "drift", "tokens", "dense"] = Field(
         "none", description="Testing aid: 'corrupt' flips bytes of this peer's updates, 'forge' signs them with "
-                            "another key, 'tamper_state' offers altered weights under the honest hash; honest "
-                            "peers must reject them. 'drift' nudges this peer's own weights once (at "
+                            "another key, 'tamper_state' offers altered weights under the honest hash, 'tokens' "
+                            "declares 2^40 tokens per update, 'dense' sends its updates with the dense codec; "
+                            "honest peers must reject them. 'drift' nudges this peer's own weights once (at "
                             "fault_round): its hash check must notice and re-sync it from the majority.")
     fault_round: int = Field(1, ge=0, le=2**40, description="Testing aid: the round from which swarm.fault applies.")
     fault_partition_file: Path | None = Field(

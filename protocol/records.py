@@ -108,6 +108,8 @@ class MemberRecord(Record):
     chain: list[tuple[Round, Hash]] = Field(default_factory=list, max_length=8,
                                             description="The newest states this peer holds, (round r, weight "
                                                         "hash after applying r), oldest first (protocol/chain.py).")
+    ignoring: list[PeerId] = Field(default_factory=list, max_length=16,
+                                   description="Senders this peer currently ignores for repeated invalid updates.")
 
 
 class UpdateAnnouncement(Record):

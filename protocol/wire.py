@@ -152,8 +152,14 @@ def _split_signature(data: bytes) -> tuple[bytes, bytes, bytes]:
 
 def signing_digest(data: bytes) -> bytes:
     """BLAKE2b-256 over the envelope without its signature field: what a sender signs."""
-    head, _, rest = _split_signature(data)
-    return hashlib.blake2b(head + rest, digest_size=32, person=b"gradnode-upd").digest()
+    return signed_part(data)[0]
+
+
+def signed_part(data: bytes) -> tuple[bytes, bytes]:
+    """(signing digest, signature) of an envelope, from its raw bytes alone: a receiver checks the
+    signature before it parses the header or decompresses a byte of the body."""
+    head, signature, rest = _split_signature(data)
+    return hashlib.blake2b(head + rest, digest_size=32, person=b"gradnode-upd").digest(), signature
 
 
 def attach_signature(data: bytes, signature: bytes) -> bytes:

@@ -51,7 +51,7 @@ def test_fault_spec_parses_and_is_reproducible_by_seed() -> None:
     ("partition:a|b@r2", "write the groups as peer indices"),
     ("kill:1@r10", "not before the last round"),
     ("kill:1@r2,,", "empty item"),
-    ("corrupt:1@r2,forge:1@r3", "already has a corrupt/forge/tamper fault"),
+    ("corrupt:1@r2,forge:1@r3", r"already has an update fault \(corrupt\)"),
     ("join:1@r3,kill:1@r2", "comes before that"),
 ])
 def test_fault_spec_errors_name_the_item(spec: str, message: str) -> None:
@@ -229,3 +229,10 @@ def test_client_mode_peer_contributes_and_graceful_leave(run_swarm, metrics_of) 
     leaver = peers[2]
     assert "error" not in leaver and leaver["rounds"] < 6  # left early, cleanly, with a summary
     assert all(leaver["peer"] not in row["senders"] for row in rows[leaver["rounds"] + 1:])
+
+
+def test_adversary_faults_need_no_round_and_name_the_role() -> None:
+    s = faults.parse("tokens:3,dense:4@r2,corrupt:1@r1", 5, 6)
+    assert s.overrides[3] == ["swarm.fault=tokens", "swarm.fault_round=0"]
+    assert s.overrides[4] == ["swarm.fault=dense", "swarm.fault_round=2"]
+    assert [s.role(i) for i in range(5)] == ["honest", "corrupt", "honest", "tokens", "dense"]

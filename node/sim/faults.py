@@ -8,6 +8,8 @@
            | corrupt:P@rN   P flips bytes of its updates from round N on (honest peers reject them)
            | forge:P@rN     P signs its updates with a foreign key from round N on
            | tamper:P@rN    P offers tampered state (honest hash, altered weights) from round N on
+           | tokens:P[@rN]  adversary: P declares 2^40 tokens in its (validly signed) updates
+           | dense:P[@rN]   adversary: P sends its updates with the dense codec in a sparse run
            | slow:PxF       every inner step of P is F times slower (a straggler)
            | bw:P=RATE      P's link is capped at RATE, e.g. 1mbit
            | client:P       P runs in client mode (behind NAT: no inbound connections)
@@ -17,7 +19,9 @@
     P     := a peer index, 'bootstrap' (kill and restart only), or '?' (a peer picked by --seed)
 
 Example: ``kill:2@r3,restart:2@r5,join:5@r2,slow:1x5,bw:3=1mbit,corrupt:4@r2``. The same SPEC and
-seed give the same schedule. Errors name the item and what to change (``ValueError``).
+seed give the same schedule. A peer with one of the update faults (corrupt ... dense) has that fault's
+name as its ``role`` in the summary; every other peer is ``honest``. Adversary faults without @rN apply
+from the first round. Errors name the item and what to change (``ValueError``).
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ from dataclasses import dataclass, field
 from gradnode.node.config import parse_rate
 
 LIFE = ("kill", "restart", "stop", "join")  # timed, on a process
-BEHAVIOUR = {"corrupt": "corrupt", "forge": "forge", "tamper": "tamper_state"}  # timed, swarm.fault of a peer
+BEHAVIOUR = {"corrupt": "corrupt", "forge": "forge", "tamper": "tamper_state",  # timed, swarm.fault of a peer
+             "tokens": "tokens", "dense": "dense"}
+ADVERSARY = ("tokens", "dense")  # behaviours whose round is optional (default: from the start)
 STATIC = ("slow", "bw", "client")
 NETWORK = ("partition", "heal")
 ORDER = ("partition", "heal", *LIFE)  # events of one round fire in this order
@@ -54,6 +60,10 @@ class Schedule:
     events: list[Event] = field(default_factory=list)
     overrides: dict[int, list[str]] = field(default_factory=dict)  # peer index -> --set overrides
     late: dict[int, int] = field(default_factory=dict)  # peer index -> round it joins at
+    roles: dict[int, str] = field(default_factory=dict)  # peer index -> its update fault (others: honest)
+
+    def role(self, index: int) -> str:
+        return self.roles.get(index, "honest")
 
     def disturbed(self) -> set[int]:
         """Peers whose life or updates the schedule touches (the others keep honest, unbroken records)."""
@@ -91,6 +101,8 @@ class _Parser:
         if action == "partition":
             return self._partition(raw, target, self._round(raw, m["round"], f"partition:{target}"))
         index = self._peer(raw, action, target)
+        if action in ADVERSARY and m["round"] is None:
+            return self._timed(raw, action, target, index, 0)
         if action in LIFE or action in BEHAVIOUR:
             return self._timed(raw, action, target, index, self._round(raw, m["round"], f"{action}:{target}"))
         self._static(raw, action, target, index, m)
@@ -130,10 +142,12 @@ class _Parser:
             if round_ < 1 or index in self.sched.late:
                 raise ValueError(f"--faults: {raw!r}: a peer joins once, at round 1 or later")
             self.sched.late[index] = round_  # type: ignore[index]
-        else:  # corrupt, forge, tamper
+        else:  # corrupt, forge, tamper and the adversaries
             if index in self.faulty:
-                raise ValueError(f"--faults: {raw!r}: peer {index} already has a corrupt/forge/tamper fault")
+                raise ValueError(f"--faults: {raw!r}: peer {index} already has an update fault "
+                                 f"({self.sched.roles[index]})")  # type: ignore[index]
             self.faulty.add(index)  # type: ignore[arg-type]
+            self.sched.roles[index] = action  # type: ignore[index]
             self._set(index, f"swarm.fault={BEHAVIOUR[action]}", f"swarm.fault_round={round_}")
             return
         self.sched.events.append(Event(action, name, round_))

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gradnode.node.sim import netns
+from gradnode.node.sim import faults, netns
 
 log = logging.getLogger(__name__)
 
@@ -362,7 +362,6 @@ def run(s: SimSettings, *, live: bool = True, on_swarm: Any = None, console: Any
     from rich.console import Console
     from rich.live import Live
 
-    from gradnode.node.sim import faults
 
     link = resolve_link(s.link, s.bandwidth)  # may refuse: before any folder or process is made
     schedule = faults.parse(s.faults, s.peers, s.rounds, s.seed or 0)
@@ -440,16 +439,18 @@ def _sigterm_unwinds() -> Iterator[None]:
 
 
 def collect(s: SimSettings, seconds: float, starts: dict[str, list[int]] | None = None) -> dict[str, Any]:
-    """The summary: per peer its figures and life (joined_round, restarts, resyncs); identical final hashes
-    are judged among the peers alive at the end (those that finished every round)."""
+    """The summary: per peer its role (honest or its fault), figures and life (joined_round, restarts,
+    resyncs); identical final hashes are judged among the honest peers alive at the end (those that
+    finished every round)."""
     peers = []
     val_first = val_last = None
     starts = starts or {}
+    schedule = faults.parse(s.faults, s.peers, s.rounds, s.seed or 0)
     for i in range(s.peers):
         name = f"peer-{i}"
         path = s.out_dir / name / "summary.json"
         rows = read_metrics(s.out_dir / name / "metrics.jsonl")
-        life = {"restarts": max(0, len(starts.get(name, [0])) - 1),
+        life = {"role": schedule.role(i), "restarts": max(0, len(starts.get(name, [0])) - 1),
                 "joined_round": rows[0].get("joined_round", 0) if rows else None,
                 "first_contribution": next((r["round"] for r in rows if r.get("own_included")), None)}
         if not path.exists():
@@ -472,7 +473,7 @@ def collect(s: SimSettings, seconds: float, starts: dict[str, list[int]] | None 
                       "contributed": d.get("contributed", 0), "abstained": d.get("abstained", 0),
                       "phase_s_per_round": d.get("phase_s_per_round", {}), "hashes": d["hashes"], **life})
     rounds = max((p.get("rounds", 0) for p in peers), default=0)
-    live = [p for p in peers if "error" not in p and p["rounds"] == rounds]
+    live = [p for p in peers if "error" not in p and p["rounds"] == rounds and p["role"] == "honest"]
     losses = [r["loss"] for r in read_metrics(s.out_dir / f"peer-{s.eval_index or 0}" / "metrics.jsonl")
               if r.get("loss") is not None]
     return {"peers": peers, "rounds": rounds, "val_loss_first": val_first, "val_loss_last": val_last,

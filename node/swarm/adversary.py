@@ -7,23 +7,49 @@ set, and check that the honest peers reject or repair what they do.
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+import msgpack
 
 from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm.identity import load_or_create
-from gradnode.protocol import attach_signature, signing_digest
+from gradnode.protocol import CodecParams, attach_signature, decode_update, encode_update, signing_digest
+
+INFLATED_TOKENS = 1 << 40  # 'tokens': what the attacker declares (the run allows a few thousand per round)
 
 
-def sent_update(sw: SwarmConfig, round_: int, blob: bytes, output_dir: Path) -> bytes:
-    """'corrupt' flips bytes of the signed update; 'forge' signs it with a key that is not the sender's."""
-    if sw.fault not in ("corrupt", "forge") or round_ < sw.fault_round:
+def sent_update(sw: SwarmConfig, round_: int, blob: bytes, output_dir: Path, sign: Callable[[bytes], bytes]) -> bytes:
+    """The update a faulty peer sends instead of its honest, signed ``blob``:
+    'corrupt' flips bytes of it; 'forge' signs it with a key that is not the sender's; 'tokens' declares
+    INFLATED_TOKENS (validly signed: only the run's cap stops it); 'dense' sends the same values with the
+    dense codec (validly signed, ~100x the bytes; only the codec check stops it)."""
+    if sw.fault not in ("corrupt", "forge", "tokens", "dense") or round_ < sw.fault_round:
         return blob
     if sw.fault == "corrupt":
         mid = len(blob) // 2
         return blob[:mid] + bytes(b ^ 0x5A for b in blob[mid:mid + 64]) + blob[mid + 64:]
-    other = load_or_create(output_dir / "forger.key")
-    return attach_signature(blob, other.sign(signing_digest(blob)))
+    if sw.fault == "forge":
+        other = load_or_create(output_dir / "forger.key")
+        return attach_signature(blob, other.sign(signing_digest(blob)))
+    if sw.fault == "tokens":
+        lying = _with_header(blob, tokens=INFLATED_TOKENS)
+    else:
+        upd = decode_update(blob)
+        lying = encode_update(upd.tensors, params=CodecParams(dense=True), run_id=upd.run_id, round=upd.round,
+                              sender=upd.sender, tokens=upd.tokens)
+    return attach_signature(lying, sign(signing_digest(lying)))
+
+
+def _with_header(blob: bytes, **changes: Any) -> bytes:
+    """The envelope (unsigned) with fields of its msgpack header replaced (layout: protocol/wire.py)."""
+    sig_len = struct.unpack_from("<H", blob, 6)[0]
+    rest = blob[8 + sig_len:]
+    (hdr_len,) = struct.unpack_from("<I", rest)
+    header = {**msgpack.unpackb(rest[4:4 + hdr_len], raw=False), **changes}
+    packed = msgpack.packb(header, use_bin_type=True)
+    return blob[:6] + struct.pack("<H", 0) + struct.pack("<I", len(packed)) + packed + rest[4 + hdr_len:]
 
 
 def offered_state(sw: SwarmConfig, round_: int, state: dict[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ for ``swarm.catchup_rounds`` rounds. A peer at round a that finds the swarm at r
 (a < b <= a + window), typically one restarted from its own checkpoint, reads the majority report of
 every missed round. When the missed updates weigh less than the state on offer it fetches them from
 the peers that reported the majority hash (they hold them) and from their senders, checks each one
-exactly like a live round (digest, envelope and shapes, signature, run and round), and applies them
+exactly like a live round (digest, then the run's rules: signature, envelope and shapes, run and round, codec, tokens), and applies them
 round by round through ``Engine.apply_aggregate``, checking the weight hash after every round. A
 gap, a bad update or a hash mismatch ends the replay; the caller then downloads the full state.
 """
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gradnode.node.config import SwarmConfig
-from gradnode.node.swarm.exchange import check_update
 from gradnode.node.swarm.membership import Membership
+from gradnode.node.swarm.rules import UpdateRules
 from gradnode.node.swarm.transport import Transport
 from gradnode.protocol.records import WeightHash, majority_hash, update_name
 
@@ -68,7 +68,7 @@ def start_matches(engine: Any, membership: Membership) -> bool:
 
 
 def replay(engine: Any, missed: list[MissedRound], *, transport: Transport, membership: Membership,
-           cfg: SwarmConfig, run_id: str, shapes: dict[str, tuple[int, ...]], deadline_s: float) -> bool:
+           cfg: SwarmConfig, rules: UpdateRules, deadline_s: float) -> bool:
     """Fetch, verify and apply the missed rounds in order; True when the engine ends on the last round's
     hash. On False the engine may have applied a prefix of the rounds (each one verified)."""
     want: dict[str, str] = {}
@@ -76,7 +76,7 @@ def replay(engine: Any, missed: list[MissedRound], *, transport: Transport, memb
     for m in missed:
         sources = membership.sources(sorted(set(m.holders) | {s for s, _ in m.included}))
         for sender, digest in m.included:
-            name = update_name(run_id, m.round, sender)
+            name = update_name(rules.run_id, m.round, sender)
             want[name] = digest
             jobs.append((sources, name))
     got = transport.fetch_many(jobs, max_bytes=cfg.max_update_bytes, deadline=time.monotonic() + deadline_s,
@@ -87,15 +87,14 @@ def replay(engine: Any, missed: list[MissedRound], *, transport: Transport, memb
     for m in missed:
         updates, weights = [], []
         for sender, _ in m.included:
-            blob = got[update_name(run_id, m.round, sender)]
-            upd, reason = check_update(blob, sender=sender, run_id=run_id, round_=m.round, shapes=shapes,
-                                       members=membership, max_bytes=cfg.max_update_bytes)
+            blob = got[update_name(rules.run_id, m.round, sender)]
+            upd, reason = rules.check(blob, sender=sender, round_=m.round, key_of=membership.public_key)
             if upd is None:
                 log.warning("catch-up: update of round=%d from %s rejected reason=%s", m.round, sender[:12], reason)
                 return False
             updates.append(upd)
-            weights.append(float(max(int(upd.tokens), 1)))
-            transport.blobs.put(update_name(run_id, m.round, sender), blob)  # serve it on, like a live round
+            weights.append(rules.weight(upd))
+            transport.blobs.put(update_name(rules.run_id, m.round, sender), blob)  # serve it on, like a live round
         assert engine.round == m.round, f"replay out of order: engine at {engine.round}, round {m.round}"
         engine.apply_aggregate(updates, weights)
         if engine.param_hash() != m.param_hash:

@@ -3,8 +3,9 @@
 How every honest peer ends a round with the same set of updates (and so with identical weights):
 
 1. Each peer announces its update for round r in the DHT (digest, size, tokens; signed) and serves
-   the bytes; every peer fetches every announced update from any holder (gossip), checks digest,
-   envelope, run, round, sender, signature and shapes, and counts rejections per sender.
+   the bytes; every peer fetches every announced update from any holder (gossip), checks its digest,
+   then the run's rules (rules.py: signature first, then envelope and shapes, sender, run and round,
+   codec, tokens), and counts rejections per sender.
 2. The round's deadline comes from observed speeds: once half the live training peers have announced
    (the anchor), the window is ``(slack - 1) x`` the median peer's round time (at least
    ``min_deadline_s``). It ends early when every live training peer's update has been verified.
@@ -35,26 +36,46 @@ from typing import Any, Callable
 from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm.agreement import POLL_S, Agreement
 from gradnode.node.swarm.clock import deadline_from
-from gradnode.node.swarm.identity import verify
 from gradnode.node.swarm.membership import Membership
+from gradnode.node.swarm.rules import UpdateRules
 from gradnode.node.swarm.transport import Transport
-from gradnode.protocol import ProtocolError, decode_update, signing_digest
 from gradnode.protocol.records import Holdings, Proposal, UpdateAnnouncement, update_name
 
 log = logging.getLogger(__name__)
 
 
 class Rejections:
-    """Rejected updates per sender and reason (unsigned, forged, replayed, malformed, oversized)."""
+    """Rejected updates per sender and reason (rules.REASONS), and who is ignored for it.
 
-    def __init__(self) -> None:
+    A sender rejected ``ignore_after`` times (in separate rounds or for separate reasons) is ignored for
+    the next ``ignore_rounds`` rounds: its announcements are not fetched and its pushes are refused. This
+    only saves the receiver's bandwidth and CPU; the round's decision is still followed as it is, so
+    peers whose views of an attacker differ never diverge because of it."""
+
+    def __init__(self, ignore_after: int = 3, ignore_rounds: int = 10) -> None:
+        self.ignore_after, self.ignore_rounds = ignore_after, ignore_rounds
         self._counts: dict[str, Counter] = defaultdict(Counter)
+        self._strikes: Counter = Counter()
+        self._until: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def add(self, sender: str, reason: str) -> None:
+    def add(self, sender: str, reason: str, round_: int) -> None:
         with self._lock:
             self._counts[sender][reason] += 1
-        log.warning("update rejected sender=%s reason=%s", sender, reason)
+            self._strikes[sender] += 1
+            starts = self._strikes[sender] >= self.ignore_after and self.ignore_rounds > 0
+            if starts:
+                self._strikes[sender] = 0
+                self._until[sender] = round_ + 1 + self.ignore_rounds
+        log.warning("update rejected sender=%s reason=%s round=%d", sender, reason, round_)
+        if starts:
+            log.warning("ignoring sender=%s until round=%d: %d rejected updates", sender,
+                        round_ + 1 + self.ignore_rounds, self.ignore_after)
+
+    def ignored(self, round_: int) -> list[str]:
+        """Senders ignored in round ``round_``."""
+        with self._lock:
+            return sorted(s for s, until in self._until.items() if round_ < until)
 
     def total(self) -> int:
         with self._lock:
@@ -83,20 +104,19 @@ class Outcome:
 class _Verified:
     digest: str
     update: Any
-    tokens: int
 
 
 class RoundExchange(threading.Thread):
     """Runs round r's exchange in the background; ``result()`` blocks for the outcome."""
 
     def __init__(self, *, transport: Transport, membership: Membership, cfg: SwarmConfig, run_id: str,
-                 round_: int, blob: bytes | None, tokens: int, round_seconds: float, shapes: dict[str, tuple[int, ...]],
+                 round_: int, blob: bytes | None, tokens: int, round_seconds: float, rules: UpdateRules,
                  rejections: Rejections, stop: threading.Event, eligible: list[str] | None = None,
                  leaving: threading.Event | None = None, lead: bool = True) -> None:
         super().__init__(name=f"exchange-{round_}", daemon=True)
         self.transport, self.members, self.cfg, self.run_id = transport, membership, cfg, run_id
         self.round, self.blob, self.tokens, self.round_seconds = round_, blob, tokens, round_seconds
-        self.shapes, self.rejections, self.stop_event = shapes, rejections, stop
+        self.rules, self.rejections, self.stop_event = rules, rejections, stop
         self.me = transport.peer_id
         self.observer = blob is None  # no update of its own: it follows the decision, never leads
         self.agreement = Agreement(members=membership, cfg=cfg, run_id=run_id, round_=round_, me=self.me,
@@ -144,7 +164,7 @@ class RoundExchange(threading.Thread):
         if decoded is None:  # only a deliberately faulty peer (swarm.fault) gets here
             log.error("own update of round=%d fails verification", self.round)
         else:
-            self.verified[self.me] = _Verified(self.digest, decoded, self.tokens)
+            self.verified[self.me] = _Verified(self.digest, decoded)
         self.first_seen[self.me] = time.monotonic()
         if self.cfg.client_mode:
             self._push(name)
@@ -200,7 +220,7 @@ class RoundExchange(threading.Thread):
             log.warning("round=%d leader=%s included %d updates, %d obtained: weights will diverge and re-sync",
                         self.round, chosen.proposer, len(chosen.included), len(got))
         updates = [self.verified[s].update for s in got]
-        weights = [float(max(self.verified[s].tokens, 1)) for s in got]
+        weights = [self.rules.weight(self.verified[s].update) for s in got]
         return Outcome(self.round, updates, weights, got, self.me in got, chosen.proposer, True,
                        time.monotonic() - t0)
 
@@ -212,8 +232,9 @@ class RoundExchange(threading.Thread):
         self._reap()
 
     def _scan(self) -> None:
+        ignored = set(self.rejections.ignored(self.round))
         for ann in self.members.read("updates", self.round, UpdateAnnouncement):
-            if ann.round != self.round or ann.sender in self.announced:
+            if ann.round != self.round or ann.sender in self.announced or ann.sender in ignored:
                 continue
             if ann.size > self.cfg.max_update_bytes:
                 self._reject(ann.sender, "oversized")
@@ -254,7 +275,7 @@ class RoundExchange(threading.Thread):
             decoded = self._decode(sender, blob)
             if decoded is None:
                 continue
-            self.verified[sender] = _Verified(digest, decoded, int(decoded.tokens))
+            self.verified[sender] = _Verified(digest, decoded)
             self.transport.blobs.put(update_name(self.run_id, self.round, sender), blob)
             grew = True
         if grew:
@@ -265,31 +286,11 @@ class RoundExchange(threading.Thread):
     def _reject(self, sender: str, reason: str) -> None:
         if (sender, reason) not in self._rejected:
             self._rejected.add((sender, reason))
-            self.rejections.add(sender, reason)
+            self.rejections.add(sender, reason, self.round)
 
     def _decode(self, sender: str, blob: bytes) -> Any | None:
-        """Schema and shapes, then signature, then run and round; None (and a count) if any fails."""
-        upd, reason = check_update(blob, sender=sender, run_id=self.run_id, round_=self.round, shapes=self.shapes,
-                                   members=self.members, max_bytes=self.cfg.max_update_bytes)
+        """The update if it passes the run's rules (rules.py); None, and a count against the sender, if not."""
+        upd, reason = self.rules.check(blob, sender=sender, round_=self.round, key_of=self.members.public_key)
         if reason is not None:
             self._reject(sender, reason)
         return upd
-
-
-def check_update(blob: bytes, *, sender: str, run_id: str, round_: int, shapes: dict[str, tuple[int, ...]],
-                 members: Membership, max_bytes: int) -> tuple[Any | None, str | None]:
-    """(update, None) when ``blob`` is ``sender``'s well-formed, signed update of this run and round;
-    (None, reason) otherwise: 'malformed', 'unsigned', 'forged' or 'replayed'."""
-    try:
-        upd = decode_update(blob, max_bytes=max_bytes, expected=shapes)
-    except ProtocolError as err:
-        log.info("malformed update sender=%s round=%d error=%s", sender, round_, err)
-        return None, "malformed"
-    if not upd.signature:
-        return None, "unsigned"
-    key = members.public_key(sender)
-    if upd.sender != sender or key is None or not verify(key, signing_digest(blob), upd.signature):
-        return None, "forged"
-    if upd.run_id != run_id or upd.round != round_:
-        return None, "replayed"
-    return upd, None

@@ -36,7 +36,8 @@ from gradnode.node.swarm.addressbook import AddressBook, with_peer_id
 from gradnode.node.swarm.agreement import abstain
 from gradnode.node.swarm.chores import Chores, Findings
 from gradnode.node.swarm.clock import Clock
-from gradnode.node.swarm.exchange import Outcome, Rejections, RoundExchange, check_update
+from gradnode.node.swarm.exchange import Outcome, Rejections, RoundExchange
+from gradnode.node.swarm.rules import UpdateRules
 from gradnode.node.swarm.history import RoundLog
 from gradnode.node.swarm.identity import Identity, load_or_create
 from gradnode.node.swarm.membership import Membership
@@ -78,7 +79,7 @@ class Peer:
         self.membership: Membership | None = None
         self.engine: Engine | None = None
         self.stop, self.leaving = threading.Event(), threading.Event()
-        self.rejections = Rejections()
+        self.rejections = Rejections(self.sw.ignore_after, self.sw.ignore_rounds)
         self.metrics_path, self.do_eval = metrics_path, evaluate
         self.tally, self.phases, self.history = Tally(), Phases(), RoundLog()
         self.last_loss: float | None = None
@@ -221,9 +222,9 @@ class Peer:
             else Engine(cfg, self.peer_index, self.device)
         if resume:
             self.tally.resumed_round = self.saved_round = self.engine.round
-        self.shapes = {n: tuple(t.shape) for n, t in self.engine.global_params.items()}
+        self.rules = UpdateRules.of(cfg, {n: tuple(t.shape) for n, t in self.engine.global_params.items()})
         self.sync = Sync(engine=self.engine, history=self.history, members=self.membership, transport=self.transport,
-                         cfg=self.sw, run_id=cfg.run.run_id, shapes=self.shapes, tally=self.tally)
+                         cfg=self.sw, rules=self.rules, tally=self.tally)
         self._wait_for_peers()
         self._sync_state(reason="join")
         self.tally.joined_round = self.engine.round
@@ -262,7 +263,7 @@ class Peer:
 
         blob = self.engine.make_update(sender=self.identity.peer_id)
         blob = attach_signature(blob, self.identity.sign(signing_digest(blob)))
-        blob = adversary.sent_update(self.sw, self.engine.round, blob, self.cfg.run.output_dir)
+        blob = adversary.sent_update(self.sw, self.engine.round, blob, self.cfg.run.output_dir, self.identity.sign)
         ex = self._exchange(self.engine.round, blob, tokens, lead=not self.history.rejoined)
         self.history.rejoined = False
         return ex
@@ -274,7 +275,7 @@ class Peer:
     def _exchange(self, round_: int, blob: bytes | None, tokens: int, lead: bool = True) -> RoundExchange:
         ex = RoundExchange(transport=self.transport, membership=self.membership, cfg=self.sw,
                            run_id=self.cfg.run.run_id, round_=round_, blob=blob, tokens=tokens,
-                           round_seconds=self.clock.round_seconds(), shapes=self.shapes, rejections=self.rejections,
+                           round_seconds=self.clock.round_seconds(), rules=self.rules, rejections=self.rejections,
                            stop=threading.Event(), eligible=self.history.senders, leaving=self.leaving, lead=lead)
         ex.start()
         return ex
@@ -443,12 +444,11 @@ class Peer:
                 or not parts[2].isdigit():
             return False
         round_ = int(parts[2])
-        if not self.engine.round - 2 <= round_ <= self.engine.round + 2:
+        if not self.engine.round - 2 <= round_ <= self.engine.round + 2 or parts[3] in self.rejections.ignored(round_):
             return False
-        upd, reason = check_update(blob, sender=parts[3], run_id=self.cfg.run.run_id, round_=round_,
-                                   shapes=self.shapes, members=self.membership, max_bytes=self.sw.max_update_bytes)
+        upd, reason = self.rules.check(blob, sender=parts[3], round_=round_, key_of=self.membership.public_key)
         if upd is None:
-            self.rejections.add(parts[3], reason or "malformed")
+            self.rejections.add(parts[3], reason or "malformed", round_)
             return False
         self.transport.blobs.put(name, blob)
         log.info("pushed update held round=%d sender=%s", round_, parts[3][:12])
@@ -495,7 +495,8 @@ class Peer:
         self.membership.publish(round_=eng.round if eng else 0, training=training and not leaving,
                                 step_seconds=step_s, inner_steps=self.cfg.inner.steps,
                                 tokens_per_s=tokens_per_step / step_s if step_s else 0.0,
-                                rejected=self.rejections.total(), loss=self.last_loss, leaving=leaving)
+                                rejected=self.rejections.total(), loss=self.last_loss, leaving=leaving,
+                                ignoring=self.rejections.ignored(eng.round if eng else 0), chain=self.history.tail())
 
     def _save_checkpoint(self, snap: Snapshot | None = None) -> None:
         """Write a checkpoint (of ``snap``, else of now). Disk full or folder unwritable: say so clearly and
@@ -528,7 +529,9 @@ class Peer:
             "tokens": stats.tokens if stats else 0, "own_included": outcome.own_included, "wait_s": wait,
             "inner_s": t.inner_s, "bytes_up": self.transport.bytes_up, "bytes_down": self.transport.bytes_down,
             "rejected": self.rejections.total(), "resyncs": t.resyncs, "catchups": t.catchups,
-            "joined_round": t.joined_round, "phase_s": self.phases.totals(), "time": time.time()})
+            "joined_round": t.joined_round, "step_ratio": round(self.engine.last_step_ratio, 6),
+            "skipped_steps": self.engine.skipped_steps, "ignoring": self.rejections.ignored(round_),
+            "phase_s": self.phases.totals(), "time": time.time()})
 
     def _summary(self, wall: float) -> PeerSummary:
         t, tr, n = self.tally, self.transport, max(1, self.tally.rounds_done)

@@ -16,6 +16,7 @@ from gradnode.node.swarm import catchup, statesync
 from gradnode.node.swarm.history import RoundLog
 from gradnode.node.swarm.membership import Membership
 from gradnode.node.swarm.report import Tally
+from gradnode.node.swarm.rules import UpdateRules
 from gradnode.node.swarm.transport import Transport
 from gradnode.protocol.chain import Link
 from gradnode.protocol.records import WeightHash, majority_hash
@@ -30,9 +31,9 @@ class Sync:
     """Levels ``engine`` with the swarm and records what it adopted in ``history``."""
 
     def __init__(self, *, engine: "Engine", history: RoundLog, members: Membership, transport: Transport,
-                 cfg: SwarmConfig, run_id: str, shapes: dict[str, tuple[int, ...]], tally: Tally) -> None:
+                 cfg: SwarmConfig, rules: UpdateRules, tally: Tally) -> None:
         self.engine, self.history, self.members, self.transport = engine, history, members, transport
-        self.cfg, self.run_id, self.shapes, self.tally = cfg, run_id, shapes, tally
+        self.cfg, self.rules, self.run_id, self.tally = cfg, rules, rules.run_id, tally
 
     def level(self, reason: str, force: bool = False, links: set[Link] | None = None) -> bool:
         """Adopt the swarm's newest agreed state when it is ahead of ours (or when ``force``): replay the
@@ -100,7 +101,7 @@ class Sync:
             return False
         start = eng.round
         ok = catchup.replay(eng, missed, transport=self.transport, membership=self.members, cfg=self.cfg,
-                            run_id=self.run_id, shapes=self.shapes, deadline_s=min(60.0, self.cfg.max_wait_s))
+                            rules=self.rules, deadline_s=min(60.0, self.cfg.max_wait_s))
         for m in missed[:eng.round - start]:
             self.history.record(m.round, m.param_hash, m.included, m.update_bytes)
         if ok:

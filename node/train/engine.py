@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -113,6 +114,8 @@ class Engine:
         self.step = 0  # global inner step counter: LR schedule position and data cursor
         self.pending_tokens = 0  # tokens in local progress not yet sent in an update
         self.tokens_seen = 0
+        self.skipped_steps = 0  # aggregates never applied (inf/NaN or absurdly large; see _unsafe)
+        self.last_step_ratio = 0.0  # norm of the last aggregate / norm of the shared weights
 
     # --- inner loop -------------------------------------------------------------------------------
 
@@ -171,7 +174,12 @@ class Engine:
             # aggregate() sorts by (sender, digest): the result does not depend on arrival order.
             agg = aggregate(list(updates), weights=weights, rule=self.cfg.outer.aggregation,
                             clip_to_median=self.cfg.outer.clip_to_median)
-            self.outer.step(self.global_params, agg)
+            unsafe = self._unsafe(agg)
+            if unsafe:
+                self.skipped_steps += 1
+                log.error("round=%d: aggregate of %d updates not applied: %s", self.round, len(updates), unsafe)
+            else:
+                self.outer.step(self.global_params, agg)
         for n in self.names:
             theta = self.global_params[n].to(self.device, non_blocking=True)
             progress = self.params[n] - self.start[n]
@@ -179,6 +187,19 @@ class Engine:
             self.start[n].copy_(theta)
         log.debug("outer round=%d updates=%d hash=%s", self.round, len(updates), self.param_hash()[:12])
         self.round += 1
+
+    def _unsafe(self, agg: dict[str, torch.Tensor]) -> str | None:
+        """Why this aggregate must not be applied (inf/NaN, or a step out of all proportion to the weights),
+        or None. The same inputs give the same answer on every peer, so all skip alike."""
+        sq = math.fsum(float(t.double().square().sum()) for _, t in sorted(agg.items()))
+        if not math.isfinite(sq):
+            return "it holds inf or NaN"
+        weights = math.sqrt(math.fsum(float(t.double().square().sum()) for _, t in sorted(self.global_params.items())))
+        ratio = math.sqrt(sq) / max(weights, 1e-12)
+        self.last_step_ratio = ratio
+        if ratio > self.cfg.outer.max_step_ratio:
+            return f"its norm is {ratio:.3g}x the weights' (outer.max_step_ratio={self.cfg.outer.max_step_ratio:g})"
+        return None
 
     def _check_update(self, update: DecodedUpdate) -> None:
         if update.round != self.round:

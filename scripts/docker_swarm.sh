@@ -103,5 +103,11 @@ for _ in $(seq 12); do
 done
 echo "[docker_swarm] peer health: $states"
 compose ps
-case "$states" in *unhealthy*|*starting*) echo "[docker_swarm] FAILED: a peer is not healthy"; exit 4 ;; esac
+case "$states" in *unhealthy*|*starting*)
+  for c in $(compose ps -q peer) $(docker ps -q --filter "name=$straggler"); do  # what each healthcheck said last
+    echo "  ${c:0:12} $(docker inspect -f '{{.State.Health.Status}}: {{range .State.Health.Log}}{{.Output}}{{end}}' "$c" \
+      | tr '\n' ' ' | tail -c 300)"
+  done
+  echo "[docker_swarm] FAILED: a peer is not healthy"; exit 4 ;;
+esac
 echo "[docker_swarm] OK"

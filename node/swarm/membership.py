@@ -52,8 +52,7 @@ class Membership:
         return record.signed(self.identity.sign(record.signing_bytes()))
 
     def publish(self, *, round_: int, training: bool, step_seconds: float, inner_steps: int, tokens_per_s: float,
-                rejected: int, loss: float | None, leaving: bool = False, ignoring: list[str] | None = None,
-                chain: list[tuple[int, str]] | None = None) -> bool:
+                rejected: int, loss: float | None, leaving: bool = False, ignoring: list[str] | None = None) -> bool:
         rec = MemberRecord(run_id=self.run_id, peer_id=self.identity.peer_id, public_key=self.identity.public_der,
                            maddrs=self.transport.maddrs()[:16], round=round_, training=training,
                            step_seconds=min(step_seconds, 1e5), inner_steps=inner_steps,
@@ -62,7 +61,7 @@ class Membership:
                            loss=None if loss is None or not (0 <= loss <= 1e6) else loss,
                            software_version=SOFTWARE_VERSION, protocol_version=PROTOCOL_VERSION,
                            time=self.transport.now(), leaving=leaving, reachable=not self.transport.cfg.client_mode,
-                           ignoring=sorted(ignoring or [])[:16], chain=list(chain or [])[-8:])
+                           ignoring=sorted(ignoring or [])[:16])
         return self.transport.store(dht_key(self.run_id, "members"), self.sign(rec).to_bytes(), self.ttl)
 
     def _note_bad(self, who: str, why: str) -> None:

@@ -496,7 +496,7 @@ class Peer:
                                 step_seconds=step_s, inner_steps=self.cfg.inner.steps,
                                 tokens_per_s=tokens_per_step / step_s if step_s else 0.0,
                                 rejected=self.rejections.total(), loss=self.last_loss, leaving=leaving,
-                                ignoring=self.rejections.ignored(eng.round if eng else 0), chain=self.history.tail())
+                                ignoring=self.rejections.ignored(eng.round if eng else 0))
 
     def _save_checkpoint(self, snap: Snapshot | None = None) -> None:
         """Write a checkpoint (of ``snap``, else of now). Disk full or folder unwritable: say so clearly and

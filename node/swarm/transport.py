@@ -307,10 +307,7 @@ class Transport:
             writer.close()
             return
         try:
-            (n,) = struct.unpack(">I", await asyncio.wait_for(reader.readexactly(4), _STALL_S))
-            if n > _MAX_REQUEST:
-                return
-            name = msgpack.unpackb(await asyncio.wait_for(reader.readexactly(n), _STALL_S))
+            name = await _read_name(reader)
             data = self.blobs.get(name) if isinstance(name, str) else None
             is_state = data is not None and name.startswith("s/")
             own = data is not None and update_sender(name) == self.peer_id
@@ -448,10 +445,7 @@ class Transport:
             writer.close()
             return
         try:
-            (n,) = struct.unpack(">I", await asyncio.wait_for(reader.readexactly(4), _STALL_S))
-            if n > _MAX_REQUEST:
-                return
-            name = msgpack.unpackb(await asyncio.wait_for(reader.readexactly(n), _STALL_S))
+            name = await _read_name(reader)
             (length,) = struct.unpack(">Q", await asyncio.wait_for(reader.readexactly(8), _STALL_S))
             if not isinstance(name, str) or length > self.cfg.max_update_bytes or self.on_push is None:
                 return
@@ -547,3 +541,11 @@ class Transport:
             return {}
         results = self._run(all_(), max(1.0, deadline - time.monotonic() + 5))
         return {n: d for n, d in results if d is not None}
+
+
+async def _read_name(reader: asyncio.StreamReader) -> Any:
+    """The length-prefixed msgpack name every inbound stream opens with; ValueError past _MAX_REQUEST bytes."""
+    (n,) = struct.unpack(">I", await asyncio.wait_for(reader.readexactly(4), _STALL_S))
+    if n > _MAX_REQUEST:
+        raise ValueError(f"request name of {n} bytes")
+    return msgpack.unpackb(await asyncio.wait_for(reader.readexactly(n), _STALL_S))

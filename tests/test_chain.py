@@ -49,6 +49,25 @@ def test_two_groups_reading_each_other_a_round_apart_reach_the_same_verdict() ->
     assert winner(seen_by_a) == winner(seen_by_b) == ["a1", "a2", "a3"]
 
 
+def test_a_peer_sees_whether_it_lost_to_a_larger_chain_or_only_to_the_tie_rule() -> None:
+    from types import SimpleNamespace
+
+    from gradnode.node.swarm.health import chain_view
+
+    def members(**tails: list) -> dict:
+        return {p: SimpleNamespace(training=True, chain=t) for p, t in tails.items()}
+
+    # 3 peers: the drifted one ("a1", lowest id) is off the chain of the other two, not in a tie
+    view = chain_view(members(b1=tail("aa", 5), c1=tail("aa", 5)), "a1", tail("zz", 5))
+    assert (view.on_winner, view.tie, view.winners, view.groups) == (False, False, ["b1", "c1"], 2)
+    # one of the two honest records looks stale for a moment: the honest peer sees a 1-1 tie it loses
+    view = chain_view(members(a1=tail("zz", 5)), "c1", tail("aa", 5))
+    assert (view.on_winner, view.tie, view.winners) == (False, True, ["a1"])
+    # the winners see themselves on the winning chain
+    assert chain_view(members(a1=tail("zz", 5)), "b1", tail("aa", 5)).on_winner is False
+    assert chain_view(members(b1=tail("aa", 5), c1=tail("aa", 5)), "d1", tail("aa", 5)).on_winner is True
+
+
 def test_address_book_keeps_the_newest_backs_off_and_survives_a_restart(tmp_path: Path) -> None:
     path = tmp_path / "addressbook.json"
     book = AddressBook(path, me="me")

@@ -211,3 +211,27 @@ def test_train_ctrl_c_stops_with_a_checkpoint_and_the_same_command_resumes(tmp_p
     assert "resuming from" in resumed.stderr and "--fresh starts over" in resumed.stderr, resumed.stderr
     fresh = gradnode("train", "--output-dir", str(tmp_path), "--rounds", "1", "--fresh", *TINY)
     assert fresh.returncode == 0 and "--fresh: removing" in fresh.stderr and "resuming" not in fresh.stderr
+
+
+def test_health_reads_the_peers_report_and_stays_light(tmp_path: Path) -> None:
+    """`gradnode health` (a compose healthcheck, 5 s limit on a busy machine): exit 0 only on a fresh, ok
+    report; one line why otherwise; and it never imports torch (a second of CPU per check under load)."""
+    from gradnode.node.swarm import health
+
+    missing = gradnode("health", "--output-dir", str(tmp_path))
+    assert missing.returncode == 1 and "no readable" in missing.stdout
+    health.write(tmp_path, view=health.ChainView(trainers=3), round_=7, expected=3, waiting=False)
+    ok = gradnode("health", "--output-dir", str(tmp_path))
+    assert ok.returncode == 0 and ok.stdout.startswith("healthy: round 7"), ok.stdout
+    health.write(tmp_path, view=health.ChainView(trainers=2, groups=2, on_winner=False), round_=8, expected=3,
+                 waiting=False)
+    split = gradnode("health", "--output-dir", str(tmp_path))
+    assert split.returncode == 1 and "off the chain" in split.stdout and "sees 2 of 3" in split.stdout
+    data = json.loads((tmp_path / "health.json").read_text())
+    (tmp_path / "health.json").write_text(json.dumps({**data, "ok": True, "time": time.time() - 120}))
+    stale = gradnode("health", "--output-dir", str(tmp_path))
+    assert stale.returncode == 1 and "hung or gone" in stale.stdout
+    probe = subprocess.run([sys.executable, "-c", "import sys; from gradnode.node.cli import app; "
+                            "from gradnode.node.swarm import health; print('torch' in sys.modules)"],
+                           capture_output=True, text=True, timeout=60)
+    assert probe.stdout.strip() == "False", probe.stderr

@@ -36,7 +36,8 @@ def trio(tmp_path: Path):
 def test_records_blobs_gossip_and_counters(trio) -> None:
     a, b, c = trio
     assert a.store("k", b"from-a", ttl=30) and b.store("k", b"from-b", ttl=30)
-    assert sorted(c.get("k")) == [b"from-a", b"from-b"]  # one value per owner, none overwritten
+    # one value per owner, none overwritten, each with the peer id whose key alone can write it
+    assert sorted(c.get("k"), key=lambda kv: kv[1]) == [(a.peer_id, b"from-a"), (b.peer_id, b"from-b")]
 
     blob = bytes(range(256)) * 4000
     a.blobs.put("u/x", blob)
@@ -47,6 +48,25 @@ def test_records_blobs_gossip_and_counters(trio) -> None:
     got_c = c.fetch([(b.peer_id, b.maddrs())], "u/x", max_bytes=10**7, deadline=time.monotonic() + 20,
                     verify=lambda d: hashlib.sha256(d).digest() == hashlib.sha256(blob).digest())
     assert got_c == blob and b.bytes_up == len(blob)
+
+
+def test_a_replayed_leaving_record_does_not_make_a_peer_leave(trio) -> None:
+    """replayleave: peer b keeps a copy of a's signed 'leaving' record (a left, then came back) and stores it
+    under its own key. The signature is a's, so without the owner check c takes a for gone (nobody would
+    wait for its proposal); with it, c sees a as a live member and counts b's record as bad."""
+    from gradnode.node.swarm.membership import Membership
+    from gradnode.protocol.records import dht_key
+
+    a, b, c = trio
+    ma, mc = (Membership(t, t.identity, "run", ttl=30.0) for t in (a, c))
+    common = dict(round_=3, training=True, step_seconds=1.0, inner_steps=10, tokens_per_s=1.0, rejected=0, loss=None)
+    assert ma.publish(leaving=True, **common)
+    assert mc.leaving() == {a.peer_id}  # a's own departure counts
+    old = next(raw for owner, raw in c.get(dht_key("run", "members")) if owner == a.peer_id)
+    assert ma.publish(**common)  # a is back: its own subkey now says so
+    assert b.store(dht_key("run", "members"), old, ttl=30)  # the replay, under b's key
+    assert a.peer_id in mc.members(max_age=0) and mc.leaving() == set()
+    assert mc.bad_records.get(b.peer_id, 0) >= 1
 
 
 def test_missing_oversized_and_dead_sources_return_none(trio) -> None:

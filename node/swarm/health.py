@@ -31,6 +31,7 @@ class ChainView:
     on_winner: bool = True  # this peer follows the chain most of them follow
     winner_links: set[Link] = field(default_factory=set)  # the states that chain lists
     winners: list[str] = field(default_factory=list)  # the peers following it
+    tie: bool = False  # this peer's chain is followed by as many peers as the winning one
 
 
 def chain_view(members: dict[str, MemberRecord], me: str, my_tail: list[Link]) -> ChainView:
@@ -43,8 +44,10 @@ def chain_view(members: dict[str, MemberRecord], me: str, my_tail: list[Link]) -
     if not found:
         return ChainView(trainers=trainers)
     win = found[0]
+    mine = next((g for g in found if me in g), [me])
     return ChainView(trainers=trainers, groups=len(found), on_winner=me in win or not my_tail,
-                     winner_links={link for p in win for link in tails[p]}, winners=win)
+                     winner_links={link for p in win for link in tails[p]}, winners=win,
+                     tie=me not in win and len(mine) == len(win))
 
 
 def write(folder: Path, *, view: ChainView, round_: int, expected: int, waiting: bool) -> None:

@@ -31,7 +31,8 @@ class RoundLog:
 
     def tail(self) -> list[Link]:
         """The newest states this peer holds, oldest first: what its member record publishes."""
-        return [(r, self.hashes[r]) for r in sorted(self.hashes)[-TAIL:] if r >= self.trusted_from]
+        hashes = dict(self.hashes)  # a copy: the chores thread reads while the peer loop writes
+        return [(r, hashes[r]) for r in sorted(hashes)[-TAIL:] if r >= self.trusted_from]
 
     def forget_before(self, round_: int) -> None:
         for r in [r for r in self.applied if r < round_]:

@@ -72,6 +72,20 @@ def peer_id_from_public_der(der: bytes) -> str:
     return base58.b58encode(b"\x12\x20" + digest).decode()
 
 
+def peer_id_from_dht_owner(subkey: bytes) -> str | None:
+    """The peer id behind a DHT subkey protected by hivemind's RSASignatureValidator
+    (``[owner:ssh-rsa ...]``): only that key's holder can store under it. None for anything else."""
+    if not (isinstance(subkey, bytes) and subkey.startswith(b"[owner:") and subkey.endswith(b"]")):
+        return None
+    try:
+        key = serialization.load_ssh_public_key(subkey[len(b"[owner:"):-1])
+    except (ValueError, TypeError, serialization.UnsupportedAlgorithm):
+        return None
+    if not isinstance(key, rsa.RSAPublicKey):
+        return None
+    return peer_id_from_public_der(public_key_der(key))
+
+
 def load_public_key(der: bytes) -> rsa.RSAPublicKey:
     if not isinstance(der, bytes) or not 0 < len(der) <= MAX_PUBLIC_KEY_BYTES:
         raise IdentityError("public key missing or too large")

@@ -52,7 +52,8 @@ class Membership:
         return record.signed(self.identity.sign(record.signing_bytes()))
 
     def publish(self, *, round_: int, training: bool, step_seconds: float, inner_steps: int, tokens_per_s: float,
-                rejected: int, loss: float | None, leaving: bool = False, ignoring: list[str] | None = None) -> bool:
+                rejected: int, loss: float | None, leaving: bool = False, ignoring: list[str] | None = None,
+                chain: list[tuple[int, str]] | None = None) -> bool:
         rec = MemberRecord(run_id=self.run_id, peer_id=self.identity.peer_id, public_key=self.identity.public_der,
                            maddrs=self.transport.maddrs()[:16], round=round_, training=training,
                            step_seconds=min(step_seconds, 1e5), inner_steps=inner_steps,
@@ -61,7 +62,7 @@ class Membership:
                            loss=None if loss is None or not (0 <= loss <= 1e6) else loss,
                            software_version=SOFTWARE_VERSION, protocol_version=PROTOCOL_VERSION,
                            time=self.transport.now(), leaving=leaving, reachable=not self.transport.cfg.client_mode,
-                           ignoring=sorted(ignoring or [])[:16])
+                           ignoring=sorted(ignoring or [])[:16], chain=list(chain or [])[-8:])
         return self.transport.store(dht_key(self.run_id, "members"), self.sign(rec).to_bytes(), self.ttl)
 
     def _note_bad(self, who: str, why: str) -> None:
@@ -76,11 +77,14 @@ class Membership:
         found: dict[str, MemberRecord] = {}
         leaving: set[str] = set()
         now = self.transport.now()
-        for raw in self.transport.get(dht_key(self.run_id, "members")):
+        for owner, raw in self.transport.get(dht_key(self.run_id, "members")):
             try:
                 rec = MemberRecord.from_bytes(raw)
             except RecordError as err:
-                self._note_bad("?", str(err))
+                self._note_bad(owner or "?", str(err))
+                continue
+            if owner != rec.peer_id:  # a signed record replayed by another key (an old 'leaving' one, say)
+                self._note_bad(owner or "?", f"record of {rec.peer_id[:12]} stored by another peer")
                 continue
             if rec.peer_id in self.transport.blocked:  # testing aid: the other side of a simulated partition
                 continue
@@ -90,7 +94,7 @@ class Membership:
             if not verify(rec.public_key, rec.signing_bytes(), rec.signature):
                 self._note_bad(rec.peer_id, "bad member signature")
                 continue
-            if rec.leaving:
+            if rec.leaving and now - rec.time <= self.ttl:  # an old departure says nothing about now
                 leaving.add(rec.peer_id)
                 self._keys.setdefault(rec.peer_id, rec.public_key)  # its last records still verify
             if rec.leaving or now - rec.time > self.ttl:
@@ -139,13 +143,16 @@ class Membership:
     def read(self, what: str, round_: int | None, cls: type[R]) -> list[R]:
         """Verified records of one kind under one DHT key; malformed or forged ones are counted and dropped."""
         out = []
-        for raw in self.transport.get(dht_key(self.run_id, what, round_)):
+        for owner, raw in self.transport.get(dht_key(self.run_id, what, round_)):
             try:
                 rec = cls.from_bytes(raw)
             except RecordError as err:
-                self._note_bad("?", str(err))
+                self._note_bad(owner or "?", str(err))
                 continue
             author = getattr(rec, _AUTHOR_FIELD[rec.kind])
+            if owner != author:  # replayed by another key: only the author's key can write its subkey
+                self._note_bad(owner or "?", f"{rec.kind} record of {author[:12]} stored by another peer")
+                continue
             if author in self.transport.blocked:  # testing aid: the other side of a simulated partition
                 continue
             if not self.verify_record(rec):

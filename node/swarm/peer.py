@@ -189,7 +189,7 @@ class Peer:
         target = self.sw.rounds or math.inf
         pending: RoundExchange | None = None  # round r's exchange, running while round r+1 computes
         t_start = time.monotonic()
-        while not self.stop.is_set() and self.engine.round + (pending is not None) < target:
+        while not self.stop.is_set() and self.engine.round + self._in_flight(pending) < target:
             self._wait_for_peers()  # never train alone by accident (swarm.min_peers)
             computing, skipped = self._round_to_compute(pending, target)
             stats = self._compute(computing)
@@ -232,9 +232,14 @@ class Peer:
         if self.do_eval:
             self.val_first = self.engine.evaluate()
 
+    def _in_flight(self, pending: RoundExchange | None) -> int:
+        """1 when ``pending`` will move the engine on a round; 0 when there is none, or when a re-sync
+        adopted a newer state meanwhile (its outcome will be dropped: that round is not ours to count)."""
+        return int(pending is not None and pending.round == self.engine.round)
+
     def _round_to_compute(self, pending: RoundExchange | None, target: float) -> tuple[int, int | None]:
         """The round whose inner steps come next, and the round we abstain from to get there (if any)."""
-        computing = self.engine.round + (pending is not None)
+        computing = self.engine.round + self._in_flight(pending)
         if computing + 1 < target:
             with self.phases.time("deadline_poll"):
                 late = self.clock.too_late_for(computing)
@@ -358,10 +363,12 @@ class Peer:
             self._follow_winning_chain(found.chains)
 
     def _follow_winning_chain(self, chains: health.ChainView) -> None:
-        """Off the chain most live trainers follow, twice in a row (one look may race a round): adopt a state
-        of that chain. Our unsent progress carries over; the losing chain's rounds since the split are lost."""
+        """Off the chain most live trainers follow: adopt a state of that chain. Our unsent progress carries
+        over; the losing chain's rounds since the split are lost. One look may race a round, and a peer
+        whose record looks stale for a moment can turn a majority into a tie, so this acts after 2 looks
+        in a row off a larger chain, or 4 off a chain only the lowest-id rule prefers (an even split)."""
         self._lost_forks = 0 if chains.on_winner else self._lost_forks + 1
-        if self._lost_forks < 2:
+        if self._lost_forks < (4 if chains.tie else 2):
             return
         log.warning("this peer follows another chain than %d of %d trainers: adopting theirs", len(chains.winners),
                     chains.trainers)
@@ -496,7 +503,7 @@ class Peer:
                                 step_seconds=step_s, inner_steps=self.cfg.inner.steps,
                                 tokens_per_s=tokens_per_step / step_s if step_s else 0.0,
                                 rejected=self.rejections.total(), loss=self.last_loss, leaving=leaving,
-                                ignoring=self.rejections.ignored(eng.round if eng else 0))
+                                ignoring=self.rejections.ignored(eng.round if eng else 0), chain=self.history.tail())
 
     def _save_checkpoint(self, snap: Snapshot | None = None) -> None:
         """Write a checkpoint (of ``snap``, else of now). Disk full or folder unwritable: say so clearly and

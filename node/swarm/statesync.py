@@ -77,10 +77,11 @@ def expected_hash(membership: Membership, round_: int) -> str | None:
     return None if found is None else found[0]
 
 
-def winning_links(membership: Membership) -> set[Link]:
-    """The states (round, hash) that the chain most live trainers follow lists (protocol/chain.py);
-    empty when no member publishes its chain."""
-    tails = {p: m.chain for p, m in membership.fresh().items() if m.training and m.chain}
+def winning_links(membership: Membership, me: str) -> set[Link]:
+    """The states (round, hash) that the chain most other live trainers follow lists (protocol/chain.py);
+    empty when no other member publishes its chain. A peer looking for a state does not vote: its own
+    chain is the one in doubt (with one other peer in sight, its own vote would make a tie it can win)."""
+    tails = {p: m.chain for p, m in membership.fresh().items() if m.training and m.chain and p != me}
     return {link for p in chain.winner(tails) for link in tails[p]}
 
 
@@ -92,7 +93,7 @@ def newest_offers(membership: Membership, cfg: SwarmConfig, me: str, min_round: 
     any published chain, the hash of the previous round's majority report, or the one most offerers give."""
     manifests = [m for m in membership.read("state", None, StateManifest)
                  if m.peer != me and m.peer not in exclude and m.size <= cfg.max_state_bytes and m.round >= min_round]
-    links = winning_links(membership) if links is None else links
+    links = winning_links(membership, me) if links is None else links
     for round_ in sorted({m.round for m in manifests}, reverse=True):
         offers = [m for m in manifests if m.round == round_]
         if links:  # an offer of round R holds the state after applying round R - 1

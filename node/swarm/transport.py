@@ -34,7 +34,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.multiaddr import Multiaddr
 
 from gradnode.node.config import SwarmConfig
-from gradnode.node.swarm.identity import Identity
+from gradnode.node.swarm.identity import Identity, peer_id_from_dht_owner
 from gradnode.protocol.records import update_sender
 
 log = logging.getLogger(__name__)
@@ -161,6 +161,7 @@ class Transport:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="gradnode-transport", daemon=True)
         self._dht_lock = threading.Lock()
+        self._owners: dict[Any, str | None] = {}  # DHT subkey -> the peer id that owns it
         self._closed = False
         self._sockdir: str | None = None
         self.blocked: frozenset[str] = frozenset()  # testing aid: peers of a simulated partition (see _watch_cut)
@@ -283,8 +284,9 @@ class Transport:
             if time.monotonic() - t0 > 2.0:  # unreachable DHT nodes (a split network) show up here first
                 log.info("dht store slow key=%s seconds=%.1f", key, time.monotonic() - t0)
 
-    def get(self, key: str, timeout: float = 10.0) -> list[bytes]:
-        """All live values stored under ``key`` (one per owner); [] when none or on failure."""
+    def get(self, key: str, timeout: float = 10.0) -> list[tuple[str | None, bytes]]:
+        """All live values stored under ``key``, one per owner, each with the peer id that stored it (only
+        its key can write that subkey); [] when none or on failure."""
         assert self._dht is not None
         t0 = time.monotonic()
         try:
@@ -298,7 +300,14 @@ class Transport:
             log.info("dht get slow key=%s seconds=%.1f", key, time.monotonic() - t0)
         if found is None or not isinstance(found.value, dict):
             return []
-        return [v.value for v in found.value.values() if isinstance(v.value, bytes)]
+        return [(self._owner(subkey), v.value) for subkey, v in found.value.items() if isinstance(v.value, bytes)]
+
+    def _owner(self, subkey: Any) -> str | None:
+        if subkey not in self._owners:
+            if len(self._owners) >= 4096:
+                self._owners.clear()
+            self._owners[subkey] = peer_id_from_dht_owner(subkey)
+        return self._owners[subkey]
 
     # --- blobs over streams ----------------------------------------------------------------------------
 

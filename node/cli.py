@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,6 +56,8 @@ app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True,
                   help="gradnode: decentralised SparseLoCo training over hivemind.")
 bench_app = typer.Typer(cls=_Group, no_args_is_help=True, help="Benchmarks that print measured figures.")
 app.add_typer(bench_app, name="bench")
+run_app = typer.Typer(cls=_Group, no_args_is_help=True, help="Create a run: its genesis, which names it once.")
+app.add_typer(run_app, name="run")
 
 
 def command(name: str, group: typer.Typer = app) -> Any:
@@ -83,6 +86,8 @@ PeerOpt = typer.Option(None, "--initial-peer", "-p", metavar="MADDR",
 DeviceOpt = typer.Option(None, "--device", metavar="DEVICE",
                          help="cpu, cuda or cuda:N (default: inner.device; auto picks CUDA when there is one).")
 VerboseOpt = typer.Option(False, "--verbose", "-v", help="Debug logging, and the traceback of any error.")
+GenesisOpt = typer.Option(None, "--genesis", metavar="FILE", help="The run's genesis (`gradnode run init`); sets "
+                          "run.genesis.")
 OutputOpt = typer.Option(None, "--output-dir", metavar="DIR", help="Override run.output_dir (checkpoints, key, logs).")
 
 
@@ -198,6 +203,43 @@ def check_config(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] =
     """Validate a config file and print the full resolved tree as JSON."""
     cfg = _load(config, set_)
     typer.echo(json.dumps(cfg.model_dump(mode="json"), indent=2))
+
+
+@command("init", run_app)
+def run_init_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = SetOpt,
+                 out: Path = typer.Option(..., "--out", "-o", metavar="FILE", help="Where to write the genesis (JSON)."),
+                 name: Optional[str] = typer.Option(None, "--name", metavar="NAME",
+                                                    help="The run's name (default: run.run_id of the config)."),
+                 authority_key: Optional[Path] = typer.Option(None, "--authority-key", metavar="FILE",
+                                                              help="A gradnode key file (e.g. a peer's peer.key) "
+                                                                   "whose public key becomes the run authority.")) -> None:
+    """Create a run once: write its genesis (name, shared rules, initial weights hash, a random nonce, an
+    optional authority key) and print its run id. Every peer then joins with --genesis FILE."""
+    import secrets
+
+    from gradnode.node.config import shared_rules
+    from gradnode.protocol.genesis import Genesis
+
+    cfg = _load(config, set_)
+    with _user_errors(False):
+        if out.exists():
+            raise ValueError(f"{out} exists: a run is created once (choose another --out)")
+        authority = None
+        if authority_key is not None:
+            from gradnode.node.swarm.identity import load_or_create
+
+            if not authority_key.is_file():
+                raise ValueError(f"--authority-key {authority_key}: no such key file")
+            authority = load_or_create(authority_key).public_der.hex()
+        from gradnode.node.train.engine import initial_weights_hash
+
+        genesis = Genesis(name=name or cfg.run.run_id[:47], rules=shared_rules(cfg),
+                          weights_hash=initial_weights_hash(cfg), nonce=secrets.token_hex(16), authority=authority,
+                          created=time.time())
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(genesis.to_json())
+    typer.echo(f"run id: {genesis.run_id}")
+    _say(f"genesis written to {out}; peers join with: gradnode join --config ... --genesis {out}")
 
 
 # --- training alone ---
@@ -337,11 +379,13 @@ def bootstrap_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] 
                                                                                   "the DHT and records alive)."),
                   host: Optional[list[str]] = typer.Option(None, "--host", metavar="MADDR", help="Listen multiaddr, "
                                                            "e.g. /ip4/0.0.0.0/tcp/31337 (repeatable)."),
-                  device: Optional[str] = DeviceOpt,
+                  device: Optional[str] = DeviceOpt, genesis: Optional[Path] = GenesisOpt,
                   maddrs_file: Optional[Path] = typer.Option(None, "--maddrs-file", hidden=True),
                   verbose: bool = VerboseOpt) -> None:
     """Start a long-lived bootstrap peer with a stable identity; prints the multiaddrs others join with."""
     extra: dict[str, Any] = {"swarm.serve_only": not train}
+    if genesis is not None:
+        extra["run.genesis"] = str(genesis)
     if host:
         extra["swarm.host_maddrs"] = list(host)
     cfg = _load(config, set_, extra)
@@ -364,10 +408,11 @@ def join_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = Set
              summary: Optional[Path] = typer.Option(None, "--summary", metavar="FILE",
                                                     help="Write the final summary JSON here."),
              no_eval: bool = typer.Option(False, "--no-eval", help="Skip the validation loss at start and end."),
+             genesis: Optional[Path] = GenesisOpt,
              maddrs_file: Optional[Path] = typer.Option(None, "--maddrs-file", hidden=True),
              verbose: bool = VerboseOpt) -> None:
     """Join a swarm: download the current weights (verified by hash), then train and exchange every round."""
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {} if genesis is None else {"run.genesis": str(genesis)}
     if rounds is not None:
         extra["swarm.rounds"] = rounds
     if output_dir is not None:

@@ -31,6 +31,8 @@ class RunConfig(_Section):
                         description="Swarm identifier: peers only accept updates and state of the same run.")
     seed: int = Field(0, ge=0, description="Seed for model init and data order (shared by the whole swarm).")
     output_dir: Path = Field(Path("runs/default"), description="Folder for checkpoints, keys, logs and metrics.")
+    genesis: Path | None = Field(None, description="The run's genesis file (`gradnode run init`): its rules must "
+                                 "equal this config's, and its run id replaces run.run_id.")
 
 
 class ModelConfig(_Section):
@@ -379,7 +381,44 @@ def load_config(path: Path | str | None, overrides: dict[str, Any] | None = None
                 raise ConfigError(f"{dotted}: '{part}' is not a section")
             node = child
         node[leaf] = value
-    return config_from_dict(data, source)
+    return bind_genesis(config_from_dict(data, source))
+
+
+# The values every peer of a run must hold alike (a genesis fixes them); device, data and swarm settings
+# are each peer's own.
+_LOCAL = {"inner": {"device", "bf16"}}
+_SHARED_SECTIONS = ("model", "codec", "outer", "inner")
+
+
+def shared_rules(cfg: Config) -> dict[str, Any]:
+    """The run's shared rules as JSON types, by section (see protocol/genesis.py)."""
+    dump = cfg.model_dump(mode="json")
+    rules: dict[str, Any] = {s: {k: v for k, v in dump[s].items() if k not in _LOCAL.get(s, set())}
+                             for s in _SHARED_SECTIONS}
+    rules["run"] = {"seed": cfg.run.seed}
+    return rules
+
+
+def bind_genesis(cfg: Config) -> Config:
+    """With run.genesis set: check that this config's shared rules equal the genesis's, and take its run id."""
+    from gradnode.protocol.genesis import Genesis, GenesisError, differences
+
+    path = cfg.run.genesis
+    if path is None:
+        return cfg
+    try:
+        genesis = Genesis.from_json(Path(path).read_bytes())
+    except OSError as err:
+        raise ConfigError(f"run.genesis: cannot read {path}: {err.strerror or err}") from None
+    except GenesisError as err:
+        raise ConfigError(f"run.genesis: {path} is not a genesis file: {err}") from None
+    diff = differences(genesis.rules, shared_rules(cfg))
+    if diff:
+        shown = "; ".join(f"{k}: run has {a!r}, this config {b!r}" for k, a, b in diff[:6])
+        raise ConfigError(f"this config differs from the run's genesis {path} in {len(diff)} rule(s): {shown} "
+                          f"(use the run's config file)")
+    cfg.run.run_id = genesis.run_id
+    return cfg
 
 
 def parse_override(item: str) -> tuple[str, Any]:

@@ -222,6 +222,8 @@ class Peer:
             else Engine(cfg, self.peer_index, self.device)
         if resume:
             self.tally.resumed_round = self.saved_round = self.engine.round
+        elif cfg.run.genesis is not None:
+            self._check_genesis_weights()
         self.rules = UpdateRules.of(cfg, {n: tuple(t.shape) for n, t in self.engine.global_params.items()})
         self.sync = Sync(engine=self.engine, history=self.history, members=self.membership, transport=self.transport,
                          cfg=self.sw, rules=self.rules, tally=self.tally)
@@ -231,6 +233,16 @@ class Peer:
         self._publish_member(training=True)
         if self.do_eval:
             self.val_first = self.engine.evaluate()
+
+    def _check_genesis_weights(self) -> None:
+        """A fresh peer starts from the weights the run's genesis names (same model code, config and seed)."""
+        from gradnode.node.config import ConfigError
+        from gradnode.protocol.genesis import Genesis
+
+        want = Genesis.from_json(self.cfg.run.genesis.read_bytes()).weights_hash
+        if self.engine.param_hash() != want:
+            raise ConfigError(f"initial weights hash {self.engine.param_hash()[:16]} differs from the run's genesis "
+                              f"({want[:16]}): another gradnode or torch version builds this model differently")
 
     def _in_flight(self, pending: RoundExchange | None) -> int:
         """1 when ``pending`` will move the engine on a round; 0 when there is none, or when a re-sync

@@ -74,6 +74,22 @@ def _deep_clone(obj: Any) -> Any:
     return obj
 
 
+def weights_hash(params: Mapping[str, Tensor]) -> str:
+    """sha256 over shared weights: names in sorted order, shapes, raw fp32 CPU bytes."""
+    h = hashlib.sha256()
+    for n in sorted(params):
+        t = params[n].detach().float().cpu().contiguous()
+        h.update(f"{n}:{tuple(t.shape)}:{t.dtype}\n".encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
+def initial_weights_hash(cfg: Config) -> str:
+    """The hash of the weights a run starts from (its model config and seed): what a genesis records."""
+    model = build_model(cfg.model, cfg.run.seed)
+    return weights_hash(dict(model.named_parameters()))
+
+
 def codec_params(cfg: Config) -> CodecParams:
     """The codec of ``cfg.outer.algorithm``: SparseLoCo compresses, DiLoCo sends dense fp32."""
     if cfg.outer.algorithm == "diloco":
@@ -212,13 +228,7 @@ class Engine:
     # --- shared state -----------------------------------------------------------------------------
 
     def param_hash(self) -> str:
-        """sha256 over theta_g: names in sorted order, shapes, raw fp32 bytes."""
-        h = hashlib.sha256()
-        for n in self.names:
-            t = self.global_params[n].contiguous()
-            h.update(f"{n}:{tuple(t.shape)}:{t.dtype}\n".encode())
-            h.update(t.numpy().tobytes())
-        return h.hexdigest()
+        return weights_hash(self.global_params)
 
     @torch.no_grad()
     def evaluate(self, batches: int = 8) -> float:

@@ -261,13 +261,25 @@ class SwarmConfig(_Section):
     ignore_after: int = Field(3, ge=1, le=1000, description="Rejected updates after which a sender is ignored "
                                                             "(its announcements not fetched, its pushes refused).")
     ignore_rounds: int = Field(10, ge=0, le=10**6, description="Rounds a sender stays ignored (0: never ignore).")
+    max_streams_per_peer: int = Field(8, ge=1, le=1024,
+                                      description="Inbound streams one peer may hold open at once (fetches and "
+                                                  "pushes); more are refused at once, unread.")
+    pushes_per_round: int = Field(3, ge=1, le=100,
+                                  description="Pushes a peer may make of its own update of one round (retries "
+                                              "included); more, and pushes of another peer's update, are refused "
+                                              "unread.")
+    min_stream_bytes_per_s: int = Field(16384, ge=0, le=2**34,
+                                        description="A blob transfer slower than this (after its first second) is "
+                                                    "dropped, and the holder tried last for a minute: a holder that "
+                                                    "trickles bytes costs a second, not a deadline. 0: no floor.")
     push_peers: int = Field(2, ge=1, le=64,
                             description="Reachable peers a client-mode peer pushes each of its updates to; they "
                                         "verify, hold and serve it for everyone else.")
-    fault: Literal["none", "corrupt", "forge", "tamper_state", "drift", "tokens", "dense"] = Field(
+    fault: Literal["none", "corrupt", "forge", "tamper_state", "drift", "tokens", "dense", "slowhold"] = Field(
         "none", description="Testing aid: 'corrupt' flips bytes of this peer's updates, 'forge' signs them with "
                             "another key, 'tamper_state' offers altered weights under the honest hash, 'tokens' "
-                            "declares 2^40 tokens per update, 'dense' sends its updates with the dense codec; "
+                            "declares 2^40 tokens per update, 'dense' sends its updates with the dense codec, "
+                            "'slowhold' claims every announced update at once and serves at 128 B/s; "
                             "honest peers must reject them. 'drift' nudges this peer's own weights once (at "
                             "fault_round): its hash check must notice and re-sync it from the majority.")
     fault_round: int = Field(1, ge=0, le=2**40, description="Testing aid: the round from which swarm.fault applies.")

@@ -9,16 +9,19 @@ package stays free of keys and clocks). ``from_bytes`` raises ``RecordError`` fo
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
 from typing import Annotated, ClassVar, Literal, TypeVar
 
 import msgpack
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from gradnode.protocol.errors import ProtocolError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: proposals, weight reports and holdings list updates by fingerprint
 MAX_RECORD_BYTES = 16 * 1024
-MAX_PEERS_PER_ROUND = 256
+MAX_PEERS_PER_ROUND = 768
+FINGERPRINT_BYTES = 16
 MAX_STATE_CHUNKS = 4096
 
 PeerId = Annotated[str, StringConstraints(min_length=20, max_length=64, pattern=r"^[1-9A-HJ-NP-Za-km-z]+$")]
@@ -28,6 +31,41 @@ Maddr = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 Signature = Annotated[bytes, Field(min_length=1, max_length=512)]
 Round = Annotated[int, Field(ge=0, le=2**40)]
 Hash = Annotated[str, StringConstraints(min_length=8, max_length=128, pattern=r"^[0-9a-f]+$")]
+
+
+def _whole_fingerprints(v: bytes) -> bytes:
+    if len(v) % FINGERPRINT_BYTES:
+        raise ValueError(f"length {len(v)} is not a multiple of {FINGERPRINT_BYTES}")
+    return v
+
+
+# A set of updates, compactly: their fingerprints (see ``fingerprint``), sorted and concatenated
+Fingerprints = Annotated[bytes, Field(max_length=FINGERPRINT_BYTES * MAX_PEERS_PER_ROUND),
+                         AfterValidator(_whole_fingerprints)]
+
+
+def fingerprint(sender: str, digest: str) -> bytes:
+    """16 bytes naming one update: ``sender``'s blob with sha256 ``digest``. Proposals, weight reports and
+    holdings list updates by fingerprint (16 bytes each instead of ~115 for the pair spelled out), so a
+    record of 512 updates stays near 8 KiB; readers resolve them against the round's signed
+    announcements, which carry the pairs. Finding two pairs with one fingerprint takes ~2^64 hashes."""
+    return hashlib.sha256(f"{sender}/{digest}".encode()).digest()[:FINGERPRINT_BYTES]
+
+
+def pack(pairs: Iterable[tuple[str, str]]) -> bytes:
+    """The fingerprints of (sender, digest) pairs, sorted, without duplicates, concatenated."""
+    return b"".join(sorted({fingerprint(s, d) for s, d in pairs}))
+
+
+def unpack(fps: bytes) -> list[bytes]:
+    return [fps[i:i + FINGERPRINT_BYTES] for i in range(0, len(fps), FINGERPRINT_BYTES)]
+
+
+def resolve(fps: bytes, known: Iterable[tuple[str, str]]) -> tuple[list[tuple[str, str]], int]:
+    """The (sender, digest) pairs of ``fps`` found among ``known`` (sorted), and how many were not found."""
+    wanted = set(unpack(fps))
+    found = sorted({(s, d) for s, d in known if fingerprint(s, d) in wanted})
+    return found, len(wanted) - len(found)
 
 
 class RecordError(ProtocolError):
@@ -125,32 +163,30 @@ class UpdateAnnouncement(Record):
 
 
 class Proposal(Record):
-    """A peer's view of round r at its deadline: the (sender, digest) pairs it fetched and verified.
+    """A peer's view of round r at its deadline: the updates it fetched and verified (fingerprints).
     Every peer adopts the proposal of the round's leader (lowest proposer id that proposed).
 
     ``abstain``: the proposer sits this round out (a straggler skipping ahead to the next round); it
     can never lead it, and nobody waits for its proposal."""
 
     kind: ClassVar[str] = "proposal"
-    _tuple_lists: ClassVar[tuple[str, ...]] = ("included",)
     round: Round
     proposer: PeerId
-    included: list[tuple[PeerId, Digest]] = Field(max_length=MAX_PEERS_PER_ROUND)
+    included: Fingerprints = b""
     abstain: bool = False
 
 
 class WeightHash(Record):
     """The hash of a peer's shared weights after applying round r, and what it applied to get there:
-    the (sender, digest) pairs of the round and their total size. A peer that missed round r replays
+    the round's updates (fingerprints of their (sender, digest) pairs) and their total size. A peer that missed round r replays
     exactly those updates (fetched from the peers reporting the majority hash, who hold them) and
     checks that it lands on ``param_hash``."""
 
     kind: ClassVar[str] = "weights"
-    _tuple_lists: ClassVar[tuple[str, ...]] = ("included",)
     round: Round
     peer: PeerId
     param_hash: Hash
-    included: list[tuple[PeerId, Digest]] = Field(default_factory=list, max_length=MAX_PEERS_PER_ROUND)
+    included: Fingerprints = b""
     update_bytes: int = Field(0, ge=0, le=2**50, description="Total size of the included update blobs.")
 
 
@@ -160,7 +196,7 @@ class Holdings(Record):
     kind: ClassVar[str] = "holdings"
     round: Round
     peer: PeerId
-    senders: list[PeerId] = Field(max_length=MAX_PEERS_PER_ROUND)
+    held: Fingerprints = b""
 
 
 class StateManifest(Record):

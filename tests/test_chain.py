@@ -62,7 +62,10 @@ def test_a_peer_sees_whether_it_lost_to_a_larger_chain_or_only_to_the_tie_rule()
     assert (view.on_winner, view.tie, view.winners, view.groups) == (False, False, ["b1", "c1"], 2)
     # one of the two honest records looks stale for a moment: the honest peer sees a 1-1 tie it loses
     view = chain_view(members(a1=tail("zz", 5)), "c1", tail("aa", 5))
-    assert (view.on_winner, view.tie, view.winners) == (False, True, ["a1"])
+    assert (view.on_winner, view.tie, view.mine, view.winners) == (False, True, 1, ["a1"])
+    # an even split of two groups of two: a tie, but not one of a peer alone
+    view = chain_view(members(a1=tail("zz", 5), b1=tail("zz", 5), d1=tail("aa", 5)), "c1", tail("aa", 5))
+    assert (view.on_winner, view.tie, view.mine) == (False, True, 2)
     # the winners see themselves on the winning chain
     assert chain_view(members(a1=tail("zz", 5)), "b1", tail("aa", 5)).on_winner is False
     assert chain_view(members(b1=tail("aa", 5), c1=tail("aa", 5)), "d1", tail("aa", 5)).on_winner is True

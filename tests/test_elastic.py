@@ -107,10 +107,11 @@ def test_busy_donor_sends_joiners_elsewhere_and_pushes_are_checked(tmp_path: Pat
         assert a.state_bytes_up in (len(one), len(one) + len(two))
         if a.state_bytes_up == len(one):
             assert b.state_bytes_up == len(two)
-        # a client pushes to a reachable peer; that peer's check decides whether it holds the blob
+        # a client pushes its own update to a reachable peer; that peer's check decides whether it holds it
         b.on_push = lambda name, data: data.startswith(b"ok")
-        assert c.push([src_b], "u/run/1/x", b"ok-update", deadline=time.monotonic() + 20) == 1
-        assert c.push([src_b], "u/run/1/y", b"garbage", deadline=time.monotonic() + 20) == 0
+        assert c.push([src_b], f"u/run/1/{c.peer_id}", b"ok-update", deadline=time.monotonic() + 20) == 1
+        assert c.push([src_b], f"u/run/2/{c.peer_id}", b"garbage", deadline=time.monotonic() + 20) == 0
+        assert c.push([src_b], f"u/run/3/{a.peer_id}", b"ok-update", deadline=time.monotonic() + 20) == 0  # not its own
     finally:
         for t in made:
             t.close()

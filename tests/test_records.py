@@ -8,8 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gradnode.protocol.errors import ProtocolError
-from gradnode.protocol.records import (MAX_RECORD_BYTES, Proposal, RecordError, UpdateAnnouncement, WeightHash,
-                                       leader, majority_hash)
+from gradnode.protocol.records import (FINGERPRINT_BYTES, MAX_PEERS_PER_ROUND, MAX_RECORD_BYTES, Holdings, Proposal,
+                                       RecordError, UpdateAnnouncement, WeightHash, fingerprint, leader, majority_hash,
+                                       pack, resolve)
 
 A = "QmYzqWF8yvd4ihZ6sMsf9zDEeoHEbNEKdDi7vvEEE7CebL"
 B = "Qmec4pi4nN8WCknG7kSjyrc4n7LdYmNTs117BgTRvTjC1H"
@@ -29,9 +30,43 @@ def test_round_trip_and_signing_bytes_exclude_signature() -> None:
     assert ann(round=4).signing_bytes() != ann().signing_bytes()
 
 
-def test_proposal_round_trip_keeps_pairs() -> None:
-    p = Proposal(run_id="run", round=1, proposer=A, included=[(A, D), (B, D)])
-    assert Proposal.from_bytes(p.to_bytes()).included == [(A, D), (B, D)]
+def test_proposal_round_trip_keeps_the_updates_and_resolves_them_against_announcements() -> None:
+    p = Proposal(run_id="run", round=1, proposer=A, included=pack([(B, D), (A, D), (A, D)]))
+    back = Proposal.from_bytes(p.to_bytes())
+    assert len(back.included) == 2 * FINGERPRINT_BYTES  # duplicates dropped
+    other = "cd" * 32
+    assert resolve(back.included, [(A, D), (B, other), (B, D)]) == ([(A, D), (B, D)], 0)
+    assert resolve(back.included, [(A, D), (B, other)]) == ([(A, D)], 1)  # B's announced digest is another one
+    assert fingerprint(A, D) != fingerprint(B, D) != fingerprint(A, other)
+
+
+def _peer(i: int) -> str:
+    """A well-formed base58 peer id, one per i."""
+    import base58
+    import hashlib
+
+    return base58.b58encode(b"\x12\x20" + hashlib.sha256(str(i).encode()).digest()).decode()
+
+
+@pytest.mark.parametrize("members", [8, 64, 512])
+def test_round_records_of_a_large_swarm_fit_the_record_limit(members: int) -> None:
+    """Proposal, weight report and holdings of a round with ``members`` updates, signed (RSA-2048: 256
+    bytes). Spelled out, each (sender, digest) pair cost ~115 bytes: past ~140 the proposal broke 16 KiB.
+    Sizes in bytes (proposal, weight report, holdings): 8 members 534, 615, 517; 64 members 1431, 1512, 1414;
+    512 members 8599, 8680, 8582. The pairs spelled out alone: 921, 7363, 58883."""
+    pairs = [(_peer(i), f"{i:064x}") for i in range(members)]
+    sig = b"s" * 256
+    recs = [Proposal(run_id="gradnode-demo-0123456789abcdef", round=10**6, proposer=pairs[0][0], included=pack(pairs)),
+            WeightHash(run_id="gradnode-demo-0123456789abcdef", round=10**6, peer=pairs[0][0], param_hash="f" * 64,
+                       included=pack(pairs), update_bytes=2**30),
+            Holdings(run_id="gradnode-demo-0123456789abcdef", round=10**6, peer=pairs[0][0], held=pack(pairs))]
+    spelled = len(msgpack.packb([list(p) for p in pairs]))
+    for rec in recs:
+        size = len(rec.signed(sig).to_bytes())
+        assert size <= 16 * members + 512, (rec.kind, members, size)  # 16 bytes an update, plus a fixed part
+        assert size < MAX_RECORD_BYTES and (members < 64 or size < spelled / 4)
+        assert type(rec).from_bytes(rec.signed(sig).to_bytes()) == rec.signed(sig)
+    assert MAX_PEERS_PER_ROUND >= 512 and 16 * MAX_PEERS_PER_ROUND + 512 < MAX_RECORD_BYTES
 
 
 @pytest.mark.parametrize("bad", [
@@ -60,12 +95,14 @@ def test_random_bytes_never_escape_as_other_errors(data: bytes) -> None:
 
 def test_proposal_size_is_bounded() -> None:
     with pytest.raises(ValueError):
-        Proposal(run_id="run", round=1, proposer=A, included=[(A, D)] * 257)
+        Proposal(run_id="run", round=1, proposer=A, included=b"x" * FINGERPRINT_BYTES * (MAX_PEERS_PER_ROUND + 1))
+    with pytest.raises(ValueError):  # a torn fingerprint
+        Proposal(run_id="run", round=1, proposer=A, included=b"x" * (FINGERPRINT_BYTES + 1))
 
 
 def test_leader_is_lowest_proposer_whatever_the_order() -> None:
-    pa = Proposal(run_id="run", round=1, proposer=A, included=[])
-    pb = Proposal(run_id="run", round=1, proposer=B, included=[(B, D)])
+    pa = Proposal(run_id="run", round=1, proposer=A)
+    pb = Proposal(run_id="run", round=1, proposer=B, included=pack([(B, D)]))
     assert leader([pb, pa]) is pa and leader([pa, pb]) is pa
     assert leader([pb]) is pb and leader([]) is None
 

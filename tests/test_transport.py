@@ -69,6 +69,71 @@ def test_a_replayed_leaving_record_does_not_make_a_peer_leave(trio) -> None:
     assert mc.bad_records.get(b.peer_id, 0) >= 1
 
 
+def test_a_peer_gets_a_bounded_number_of_streams_and_pushes(trio) -> None:
+    """Streams held open without reading, and pushes beyond the quota or of another peer's update, are
+    refused at once (swarm.max_streams_per_peer, swarm.pushes_per_round), and counted."""
+    import asyncio
+
+    from gradnode.node.swarm import transport as tr
+
+    a, b, c = trio
+    for i in range(5):  # one blob per stream: a blob has its own upload slots (2)
+        a.blobs.put(f"big{i}", bytes(4 << 20))
+
+    async def hold(n: int) -> list[int]:
+        statuses, writers = [], []
+        for i in range(n):
+            reader, writer = await b._open(a.peer_id, a.maddrs(), tr._GET, f"big{i}")
+            writers.append(writer)
+            try:
+                statuses.append(tr._HEADER.unpack(await asyncio.wait_for(reader.readexactly(tr._HEADER.size), 5))[0])
+            except (asyncio.IncompleteReadError, ConnectionError):
+                statuses.append(-1)  # closed unread
+        for w in writers:
+            w.close()
+        return statuses
+
+    a.cfg.max_streams_per_peer = 1024  # no quota: b holds 5 streams (and 5 x 4 MB of a's send buffers) at will
+    assert b._run(hold(5), 30) == [1] * 5
+    time.sleep(1.0)  # a sees them closed
+    a.cfg.max_streams_per_peer = 3
+    assert b._run(hold(5), 30) == [1, 1, 1, -1, -1] and a.quota_refusals == 2
+    # the streams closed, the slots are free again, for b and for anyone else
+    assert c.fetch([(a.peer_id, a.maddrs())], "big0", max_bytes=5 << 20, deadline=time.monotonic() + 20) is not None
+
+    a.on_push = lambda name, data: True  # accepts anything that reaches it
+    others = f"u/run/5/{c.peer_id}"
+    assert b.push([(a.peer_id, a.maddrs())], others, b"x" * 100, deadline=time.monotonic() + 10) == 0
+    own = f"u/run/5/{b.peer_id}"
+    got = [b.push([(a.peer_id, a.maddrs())], own, b"x" * 100, deadline=time.monotonic() + 10) for _ in range(4)]
+    assert got == [1, 1, 1, 0] and a.quota_refusals == 4
+
+
+def test_a_trickling_holder_costs_a_second_once_not_a_deadline(trio) -> None:
+    """slowhold, at the stream level: a holder serving 128 bytes/s. Without a floor on the rate, fetching a
+    1 KB update from it takes 8 s (a round's deadline, several times over); with 16 KB/s after a first
+    second, the transfer is dropped after about 1 s, and the holder is tried last from then on."""
+    import os
+
+    a, b, c = trio
+    blob = os.urandom(1024)
+    for t in (a, c):
+        t.blobs.put("u/run/1/x", blob)
+    a.cfg.fault = "slowhold"
+    b.cfg.min_stream_bytes_per_s = 0
+    t0 = time.monotonic()
+    assert b.fetch([(a.peer_id, a.maddrs())], "u/run/1/x", max_bytes=1 << 20, deadline=t0 + 30) == blob
+    assert time.monotonic() - t0 > 6.0
+    b.cfg.min_stream_bytes_per_s = 16384
+    t0 = time.monotonic()
+    assert b.fetch([(a.peer_id, a.maddrs())], "u/run/1/x", max_bytes=1 << 20, deadline=t0 + 2.0) is None
+    t0 = time.monotonic()
+    for _ in range(5):  # both hold it; the slow one goes last, whatever the shuffle
+        assert b.fetch([(a.peer_id, a.maddrs()), (c.peer_id, c.maddrs())], "u/run/1/x", max_bytes=1 << 20,
+                       deadline=time.monotonic() + 20) == blob
+    assert time.monotonic() - t0 < 5.0
+
+
 def test_missing_oversized_and_dead_sources_return_none(trio) -> None:
     a, b, _ = trio
     a.blobs.put("big", b"x" * 5000)

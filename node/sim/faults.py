@@ -10,6 +10,7 @@
            | tamper:P@rN    P offers tampered state (honest hash, altered weights) from round N on
            | tokens:P[@rN]  adversary: P declares 2^40 tokens in its (validly signed) updates
            | dense:P[@rN]   adversary: P sends its updates with the dense codec in a sparse run
+           | slowhold:P[@rN] adversary: P claims to hold every announced update and serves at 128 B/s
            | slow:PxF       every inner step of P is F times slower (a straggler)
            | bw:P=RATE      P's link is capped at RATE, e.g. 1mbit
            | client:P       P runs in client mode (behind NAT: no inbound connections)
@@ -34,8 +35,8 @@ from gradnode.node.config import parse_rate
 
 LIFE = ("kill", "restart", "stop", "join")  # timed, on a process
 BEHAVIOUR = {"corrupt": "corrupt", "forge": "forge", "tamper": "tamper_state",  # timed, swarm.fault of a peer
-             "tokens": "tokens", "dense": "dense"}
-ADVERSARY = ("tokens", "dense")  # behaviours whose round is optional (default: from the start)
+             "tokens": "tokens", "dense": "dense", "slowhold": "slowhold"}
+ADVERSARY = ("tokens", "dense", "slowhold")  # behaviours whose round is optional (default: from the start)
 STATIC = ("slow", "bw", "client")
 NETWORK = ("partition", "heal")
 ORDER = ("partition", "heal", *LIFE)  # events of one round fire in this order

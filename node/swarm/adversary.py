@@ -7,6 +7,7 @@ set, and check that the honest peers reject or repair what they do.
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 from typing import Any, Callable
@@ -50,6 +51,17 @@ def _with_header(blob: bytes, **changes: Any) -> bytes:
     header = {**msgpack.unpackb(rest[4:4 + hdr_len], raw=False), **changes}
     packed = msgpack.packb(header, use_bin_type=True)
     return blob[:6] + struct.pack("<H", 0) + struct.pack("<I", len(packed)) + packed + rest[4 + hdr_len:]
+
+
+def claim(sw: SwarmConfig, round_: int, blobs: Any, name: str, size: int) -> bool:
+    """'slowhold': hold a placeholder of every announced update at once (random bytes of its announced size,
+    replaced by the real blob once fetched) to list it in the holdings and trickle it out (the transport
+    serves at SLOWHOLD_BYTES_PER_S). True when this peer claims updates it does not hold."""
+    if sw.fault != "slowhold" or round_ < sw.fault_round:
+        return False
+    if blobs.get(name) is None:
+        blobs.put(name, os.urandom(size))
+    return True
 
 
 def offered_state(sw: SwarmConfig, round_: int, state: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Agreement on one round's set of updates: who may lead, the proposals, and the decision.
 
-At its deadline each peer that may lead publishes a *proposal*: the (sender, digest) pairs it
-verified. Every peer adopts the proposal of the round's *leader*: the lowest peer id among the
+At its deadline each peer that may lead publishes a *proposal*: the updates it verified, by
+fingerprint of their (sender, digest) pairs (16 bytes each: 512 updates fit a record). Every peer adopts the proposal of the round's *leader*: the lowest peer id among the
 *eligible* proposers (the senders the previous round agreed on: alive and on time; the live trainers
 in a peer's first round), waiting up to a grace period (the deadline window, at least
 ``commit_grace_s``) for lower-id eligible peers that have not proposed yet. A late straggler is not
@@ -22,7 +22,7 @@ from typing import Callable
 
 from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm.membership import Membership
-from gradnode.protocol.records import Proposal, leader
+from gradnode.protocol.records import Proposal, leader, pack
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class Agreement:
         if not self.may_lead or self.leaving.is_set():
             return
         self.members.write("proposals", self.round, Proposal(run_id=self.run_id, round=self.round,
-                                                             proposer=self.me, included=sorted(included)))
+                                                             proposer=self.me, included=pack(included)))
 
     def decide(self, stop: threading.Event, tick: Callable[[], None]) -> Proposal | None:
         """The leader's proposal: the lowest eligible proposer id, waiting a grace period for lower ids
@@ -101,4 +101,4 @@ class Agreement:
 
 def abstain(members: Membership, run_id: str, round_: int, me: str) -> None:
     """Say at once that peer ``me`` sits round ``round_`` out: it can never lead it, nobody waits for it."""
-    members.write("proposals", round_, Proposal(run_id=run_id, round=round_, proposer=me, included=[], abstain=True))
+    members.write("proposals", round_, Proposal(run_id=run_id, round=round_, proposer=me, abstain=True))

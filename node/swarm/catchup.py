@@ -24,7 +24,7 @@ from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm.membership import Membership
 from gradnode.node.swarm.rules import UpdateRules
 from gradnode.node.swarm.transport import Transport
-from gradnode.protocol.records import WeightHash, majority_hash, update_name
+from gradnode.protocol.records import UpdateAnnouncement, WeightHash, majority_hash, resolve, update_name
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +51,26 @@ def plan(membership: Membership, start: int, end: int) -> list[MissedRound] | No
             return None
         agree = [w for w in reports if w.param_hash == found[0]]
         # the same weights come from one applied set; the most common report of it wins all the same
-        sets = Counter(tuple(sorted(w.included)) for w in agree)
-        included, _ = max(sets.items(), key=lambda kv: (kv[1], kv[0]))
-        size = max(w.update_bytes for w in agree if tuple(sorted(w.included)) == included)
-        missed.append(MissedRound(r, found[0], list(included), size, sorted(w.peer for w in agree)))
+        sets = Counter(w.included for w in agree)
+        fps, _ = max(sets.items(), key=lambda kv: (kv[1], kv[0]))
+        size = max(w.update_bytes for w in agree if w.included == fps)
+        included = round_updates(membership, r, fps)
+        if included is None:
+            return None
+        missed.append(MissedRound(r, found[0], included, size, sorted(w.peer for w in agree)))
     return missed
+
+
+def round_updates(membership: Membership, round_: int, fps: bytes) -> list[tuple[str, str]] | None:
+    """The (sender, digest) pairs that fingerprints of round ``round_`` name, from the round's signed
+    announcements (kept as long as the weight reports); None when one of them is no longer announced."""
+    known = [(a.sender, a.digest) for a in membership.read("updates", round_, UpdateAnnouncement)
+             if a.round == round_]
+    pairs, unknown = resolve(fps, known)
+    if unknown:
+        log.info("catch-up: %d update(s) of round=%d no longer announced", unknown, round_)
+        return None
+    return pairs
 
 
 def start_matches(engine: Any, membership: Membership) -> bool:

@@ -19,10 +19,10 @@ from gradnode.node.config import Config
 from gradnode.node.swarm import adversary, statesync
 from gradnode.node.swarm.health import ChainView
 from gradnode.node.swarm.history import RoundLog
-from gradnode.node.swarm.membership import Membership
+from gradnode.node.swarm.membership import Membership, kept_for_catchup
 from gradnode.node.swarm.report import Phases
 from gradnode.node.swarm.transport import Transport
-from gradnode.protocol.records import WeightHash, majority_hash
+from gradnode.protocol.records import WeightHash, majority_hash, pack
 
 if TYPE_CHECKING:
     from gradnode.node.train.engine import Engine, Snapshot
@@ -114,12 +114,10 @@ class Chores:
     def _report_hash(self, r: HashReport) -> int | None:
         """Publish the weight hash of our newest applied round; the round before when our hash of it
         disagrees with the majority."""
-        # kept long enough for a peer that was away catchup_rounds rounds to read what it missed
-        ttl = max(self.sw.record_ttl_s, 3.0 * self.sw.catchup_rounds * max(self.round_seconds(),
-                                                                           self.sw.min_deadline_s))
+        ttl = kept_for_catchup(self.sw, self.round_seconds())
         self.members.write("weights", r.round, WeightHash(run_id=self.cfg.run.run_id, round=r.round,
                                                           peer=self.members.identity.peer_id,
-                                                          param_hash=r.param_hash, included=r.included,
+                                                          param_hash=r.param_hash, included=pack(r.included),
                                                           update_bytes=r.update_bytes), ttl=ttl)
         if r.previous_hash is None:
             return None

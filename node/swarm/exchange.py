@@ -34,12 +34,22 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from gradnode.node.config import SwarmConfig
+from gradnode.node.swarm import adversary
 from gradnode.node.swarm.agreement import POLL_S, Agreement
 from gradnode.node.swarm.clock import deadline_from
-from gradnode.node.swarm.membership import Membership
+from gradnode.node.swarm.membership import Membership, kept_for_catchup
 from gradnode.node.swarm.rules import UpdateRules
 from gradnode.node.swarm.transport import Transport
-from gradnode.protocol.records import Holdings, Proposal, UpdateAnnouncement, update_name
+from gradnode.protocol.records import (
+    Holdings,
+    Proposal,
+    UpdateAnnouncement,
+    fingerprint,
+    pack,
+    resolve,
+    unpack,
+    update_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +138,7 @@ class RoundExchange(threading.Thread):
         self.announced: dict[str, UpdateAnnouncement] = {}
         self._fetching: dict[str, Any] = {}
         self._rejected: set[tuple[str, str]] = set()
+        self._claiming = False  # testing aid: the 'slowhold' adversary lists updates it does not hold
         self._outcome: Outcome | None = None
         self._done = threading.Event()
 
@@ -159,7 +170,7 @@ class RoundExchange(threading.Thread):
         self.transport.blobs.put(name, self.blob)
         ann = UpdateAnnouncement(run_id=self.run_id, round=self.round, sender=self.me, digest=self.digest,
                                  size=len(self.blob), tokens=self.tokens, time=self.transport.now())
-        self.members.write("updates", self.round, ann)
+        self.members.write("updates", self.round, ann, ttl=kept_for_catchup(self.cfg, self.round_seconds))
         decoded = self._decode(self.me, self.blob)
         if decoded is None:  # only a deliberately faulty peer (swarm.fault) gets here
             log.error("own update of round=%d fails verification", self.round)
@@ -198,10 +209,22 @@ class RoundExchange(threading.Thread):
         """{this peer} when it sent an update this round; an observer counts neither as live nor eligible."""
         return set() if self.observer else {self.me}
 
+    def _decided(self, chosen: Proposal) -> tuple[list[tuple[str, str]], int]:
+        """The (sender, digest) pairs the leader's fingerprints name, resolved against the round's announcements
+        (read again if one is not known yet), and how many named nothing announced."""
+        known = lambda: [(s, a.digest) for s, a in self.announced.items()] + \
+            [(s, v.digest) for s, v in self.verified.items()]  # noqa: E731
+        pairs, unknown = resolve(chosen.included, known())
+        if unknown:
+            self._scan()
+            pairs, unknown = resolve(chosen.included, known())
+        return pairs, unknown
+
     def _assemble(self, chosen: Proposal | None, t0: float) -> Outcome:
         if chosen is None:
             return Outcome(self.round, [], [], [], False, None, False, time.monotonic() - t0)
-        missing = [(s, d) for s, d in chosen.included if s not in self.verified or self.verified[s].digest != d]
+        included, unknown = self._decided(chosen)
+        missing = [(s, d) for s, d in included if s not in self.verified or self.verified[s].digest != d]
         # what the decided set holds is normally in hand by now; what is not, within a few deadline windows,
         # is out of reach (a holder gone, a split network): apply without it, and the hash check repairs
         window = max(self.cfg.min_deadline_s, (self.cfg.deadline_slack - 1.0) * self.round_seconds)
@@ -209,16 +232,16 @@ class RoundExchange(threading.Thread):
         for sender, digest in missing:
             self.verified.pop(sender, None)
             self._start_fetch(sender, digest, hard_stop)
-        while any(s not in self.verified for s, _ in chosen.included) and time.monotonic() < hard_stop \
+        while any(s not in self.verified for s, _ in included) and time.monotonic() < hard_stop \
                 and not self.stop_event.is_set():
             self._reap()
-            if all(s in self.verified or s not in self._fetching for s, _ in chosen.included):
+            if all(s in self.verified or s not in self._fetching for s, _ in included):
                 break
             time.sleep(0.05)
-        got = [s for s, d in chosen.included if s in self.verified and self.verified[s].digest == d]
-        if len(got) != len(chosen.included):
-            log.warning("round=%d leader=%s included %d updates, %d obtained: weights will diverge and re-sync",
-                        self.round, chosen.proposer, len(chosen.included), len(got))
+        got = [s for s, d in included if s in self.verified and self.verified[s].digest == d]
+        if len(got) != len(included) + unknown:
+            log.warning("round=%d leader=%s included %d updates (%d never announced), %d obtained: weights will "
+                        "diverge and re-sync", self.round, chosen.proposer, len(included) + unknown, unknown, len(got))
         updates = [self.verified[s].update for s in got]
         weights = [self.rules.weight(self.verified[s].update) for s in got]
         return Outcome(self.round, updates, weights, got, self.me in got, chosen.proposer, True,
@@ -243,12 +266,18 @@ class RoundExchange(threading.Thread):
             self.first_seen.setdefault(ann.sender, time.monotonic())
             if ann.sender != self.me:
                 self._start_fetch(ann.sender, ann.digest, time.monotonic() + self.cfg.max_wait_s)
+                if adversary.claim(self.cfg, self.round, self.transport.blobs,
+                                   update_name(self.run_id, self.round, ann.sender), ann.size):
+                    self._claiming = True
+                    self._write_holdings()
 
-    def _holders(self, sender: str) -> Callable[[], list[tuple[str, list[str]]]]:
+    def _holders(self, sender: str, digest: str) -> Callable[[], list[tuple[str, list[str]]]]:
+        fp = fingerprint(sender, digest)
+
         def sources() -> list[tuple[str, list[str]]]:
             holders = {sender}
             for h in self.members.read("holdings", self.round, Holdings):
-                if sender in h.senders:
+                if fp in unpack(h.held):
                     holders.add(h.peer)
             return self.members.sources(sorted(holders))
         return sources
@@ -259,7 +288,7 @@ class RoundExchange(threading.Thread):
         name = update_name(self.run_id, self.round, sender)
         check = lambda data: hashlib.sha256(data).hexdigest() == digest  # noqa: E731
         fut = self.transport.submit(self.transport.fetch_async(
-            self._holders(sender), name, max_bytes=self.cfg.max_update_bytes, deadline=deadline, verify=check))
+            self._holders(sender, digest), name, max_bytes=self.cfg.max_update_bytes, deadline=deadline, verify=check))
         self._fetching[sender] = (fut, digest)
 
     def _reap(self) -> None:
@@ -279,9 +308,16 @@ class RoundExchange(threading.Thread):
             self.transport.blobs.put(update_name(self.run_id, self.round, sender), blob)
             grew = True
         if grew:
-            senders = sorted(s for s in self.verified if s != self.me)
-            self.members.write("holdings", self.round, Holdings(run_id=self.run_id, round=self.round,
-                                                                peer=self.me, senders=senders))
+            self._write_holdings()
+
+    def _write_holdings(self) -> None:
+        """Say which updates of the round this peer holds and serves (the 'slowhold' adversary: every
+        announced one, held or not)."""
+        pairs = [(s, v.digest) for s, v in self.verified.items() if s != self.me]
+        if self._claiming:
+            pairs += [(s, a.digest) for s, a in self.announced.items() if s != self.me]
+        self.members.write("holdings", self.round, Holdings(run_id=self.run_id, round=self.round, peer=self.me,
+                                                            held=pack(pairs)))
 
     def _reject(self, sender: str, reason: str) -> None:
         if (sender, reason) not in self._rejected:

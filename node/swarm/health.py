@@ -32,6 +32,7 @@ class ChainView:
     winner_links: set[Link] = field(default_factory=set)  # the states that chain lists
     winners: list[str] = field(default_factory=list)  # the peers following it
     tie: bool = False  # this peer's chain is followed by as many peers as the winning one
+    mine: int = 1  # peers following this peer's chain, itself included
 
 
 def chain_view(members: dict[str, MemberRecord], me: str, my_tail: list[Link]) -> ChainView:
@@ -47,7 +48,7 @@ def chain_view(members: dict[str, MemberRecord], me: str, my_tail: list[Link]) -
     mine = next((g for g in found if me in g), [me])
     return ChainView(trainers=trainers, groups=len(found), on_winner=me in win or not my_tail,
                      winner_links={link for p in win for link in tails[p]}, winners=win,
-                     tie=me not in win and len(mine) == len(win))
+                     tie=me not in win and len(mine) == len(win), mine=len(mine))
 
 
 def write(folder: Path, *, view: ChainView, round_: int, expected: int, waiting: bool) -> None:

@@ -15,6 +15,7 @@ import time
 from typing import TypeVar
 
 from gradnode.node import __version__
+from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm.identity import Identity, peer_id_from_public_der, verify
 from gradnode.node.swarm.transport import Transport
 from gradnode.protocol.records import PROTOCOL_VERSION, MemberRecord, Record, RecordError, dht_key
@@ -25,6 +26,12 @@ SOFTWARE_VERSION = f"gradnode/{__version__}"[:32]
 R = TypeVar("R", bound=Record)
 _AUTHOR_FIELD = {"update": "sender", "proposal": "proposer", "weights": "peer", "state": "peer", "member": "peer_id",
                  "holdings": "peer"}
+
+
+def kept_for_catchup(cfg: SwarmConfig, round_seconds: float) -> float:
+    """Lifetime of a round's weight reports and update announcements: long enough for a peer that was away
+    ``swarm.catchup_rounds`` rounds to read what it missed."""
+    return max(cfg.record_ttl_s, 3.0 * cfg.catchup_rounds * max(round_seconds, cfg.min_deadline_s))
 
 
 class Membership:

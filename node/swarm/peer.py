@@ -376,11 +376,12 @@ class Peer:
 
     def _follow_winning_chain(self, chains: health.ChainView) -> None:
         """Off the chain most live trainers follow: adopt a state of that chain. Our unsent progress carries
-        over; the losing chain's rounds since the split are lost. One look may race a round, and a peer
-        whose record looks stale for a moment can turn a majority into a tie, so this acts after 2 looks
-        in a row off a larger chain, or 4 off a chain only the lowest-id rule prefers (an even split)."""
+        over; the losing chain's rounds since the split are lost. One look may race a round, so this acts
+        after 2 looks in a row; and after 4 when this peer is alone on its chain and loses only by the
+        lowest-id rule (a 1-1 tie: one record of a 2-1 majority looking stale for a moment makes one, and
+        an honest peer must not follow a drifted one there)."""
         self._lost_forks = 0 if chains.on_winner else self._lost_forks + 1
-        if self._lost_forks < (4 if chains.tie else 2):
+        if self._lost_forks < (4 if chains.tie and chains.mine == 1 else 2):
             return
         log.warning("this peer follows another chain than %d of %d trainers: adopting theirs", len(chains.winners),
                     chains.trainers)

@@ -118,4 +118,5 @@ class Sync:
         found = majority_hash(reports)
         if found is None:
             return []
-        return sorted({s for w in reports if w.param_hash == found[0] for s, _ in w.included})
+        fps = max((w.included for w in reports if w.param_hash == found[0]), key=len)
+        return sorted({s for s, _ in catchup.round_updates(self.members, round_, fps) or []})

@@ -50,6 +50,7 @@ _SOCKET_PREFIX_LOCK = threading.Lock()  # hivemind reads the socket folder from 
 # must cost one attempt, not a whole deadline: opening a stream, and every piece of a transfer, is bounded.
 _OPEN_S = 5.0
 _STALL_S = 10.0
+SLOWHOLD_BYTES_PER_S = 128  # testing aid (swarm.fault = slowhold): how fast the adversary serves
 Sources = list[tuple[str, list[str]]] | Callable[[], list[tuple[str, list[str]]]]
 
 
@@ -151,6 +152,10 @@ class Transport:
         self.state_bytes_up = 0  # of bytes_up, state chunks served to joiners
         self.own_update_bytes_up = 0  # of bytes_up, copies of this peer's own updates (served or pushed)
         self.busy_refusals = 0  # requests answered 'busy' (all upload slots of a blob or for state in use)
+        self.quota_refusals = 0  # inbound streams refused unread: a peer over its stream or push quota
+        self._inbound: dict[str, int] = {}  # peer -> inbound streams open now (swarm.max_streams_per_peer)
+        self._pushes: dict[tuple[str, str], int] = {}  # (peer, round) -> pushes (swarm.pushes_per_round)
+        self._slow: dict[str, float] = {}  # holder -> when a transfer from it last failed or crawled
         # accepts or refuses a pushed blob (name, bytes) -> bool; set by the peer, None refuses every push
         self.on_push: Callable[[str, bytes], bool] | None = None
         rate = cfg.bandwidth_bytes_per_s()
@@ -311,10 +316,32 @@ class Transport:
 
     # --- blobs over streams ----------------------------------------------------------------------------
 
+    def _admit(self, peer: str) -> bool:
+        """One more inbound stream from ``peer``, within swarm.max_streams_per_peer (release with _release)."""
+        if self._inbound.get(peer, 0) >= self.cfg.max_streams_per_peer:
+            self.quota_refusals += 1
+            return False
+        self._inbound[peer] = self._inbound.get(peer, 0) + 1
+        return True
+
+    def _release(self, peer: str) -> None:
+        left = self._inbound.get(peer, 1) - 1
+        if left:
+            self._inbound[peer] = left
+        else:
+            self._inbound.pop(peer, None)
+
     async def _serve(self, info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if info.peer_id.to_base58() in self.blocked:
+        peer = info.peer_id.to_base58()
+        if peer in self.blocked or not self._admit(peer):
             writer.close()
             return
+        try:
+            await self._serve_one(info, reader, writer)
+        finally:
+            self._release(peer)
+
+    async def _serve_one(self, info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             name = await _read_name(reader)
             data = self.blobs.get(name) if isinstance(name, str) else None
@@ -359,8 +386,12 @@ class Transport:
                     own: bool = False) -> None:
         """Write ``data`` in pieces paced by the upload token bucket, counting bytes as they go (also apart:
         state chunks, and copies of our own updates, which the gossip cap bounds)."""
-        for i in range(0, len(data), _CHUNK):
-            piece = data[i:i + _CHUNK]
+        slow = self.cfg.fault == "slowhold"  # testing aid: an adversary that trickles what it serves
+        step = 64 if slow else _CHUNK
+        for i in range(0, len(data), step):
+            piece = data[i:i + step]
+            if slow:
+                await asyncio.sleep(len(piece) / SLOWHOLD_BYTES_PER_S)
             await self._up.consume(len(piece))
             writer.write(piece)
             await asyncio.wait_for(writer.drain(), _STALL_S)  # a reader that stops reading is dropped
@@ -395,17 +426,29 @@ class Transport:
                 return None
             if length > max_bytes:
                 raise ValueError(f"blob {name} of {length} bytes exceeds the cap {max_bytes}")
-            parts = []
-            left = length
-            while left:  # a holder that stalls is left for another one (an unreachable or trickling peer)
-                piece = await asyncio.wait_for(reader.readexactly(min(_CHUNK, left)), _STALL_S)
-                await self._down.consume(len(piece))
-                self.bytes_down += len(piece)
-                parts.append(piece)
-                left -= len(piece)
-            return b"".join(parts)
+            return await self._read_body(reader, length, peer)
         finally:
             writer.close()
+
+    async def _read_body(self, reader: asyncio.StreamReader, length: int, peer: str) -> bytes:
+        """``length`` bytes from ``peer``, in pieces paced by the download bucket. Each piece must come within
+        _STALL_S and, with swarm.min_stream_bytes_per_s, while the transfer keeps that rate after its first
+        second: a peer that stalls or trickles is dropped (TimeoutError) and marked slow for a minute."""
+        parts, left = [], length
+        t0, floor = time.monotonic(), self.cfg.min_stream_bytes_per_s
+        while left:
+            size = min(_CHUNK, left)
+            by = _STALL_S if not floor else 1.0 + (length - left + size) / floor - (time.monotonic() - t0)
+            try:
+                piece = await asyncio.wait_for(reader.readexactly(size), max(0.05, min(_STALL_S, by)))
+            except asyncio.TimeoutError:
+                self._slow[peer] = time.monotonic()
+                raise
+            await self._down.consume(len(piece))
+            self.bytes_down += len(piece)
+            parts.append(piece)
+            left -= len(piece)
+        return b"".join(parts)
 
     def fetch(self, sources: Sources, name: str, *, max_bytes: int, deadline: float,
               verify: Callable[[bytes], bool] = lambda _: True) -> bytes | None:
@@ -428,9 +471,11 @@ class Transport:
             listed = sources() if callable(sources) else sources
             order = [s for s in listed if s[0] != me and s[0] not in self.blocked]
             random.shuffle(order)
-            # an update's own sender last: it serves a few copies, the rest spreads from those (gossip)
-            origin = update_sender(name)
-            order.sort(key=lambda s: s[0] == origin)
+            # an update's own sender last: it serves a few copies, the rest spreads from those (gossip); holders
+            # that crawled or failed within the last minute after everyone else
+            origin, now = update_sender(name), time.monotonic()
+            slow = {p for p, t in self._slow.items() if now - t < 60.0} if self.cfg.min_stream_bytes_per_s else set()
+            order.sort(key=lambda s: (s[0] in slow, s[0] == origin))
             for peer, addrs in order:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -443,6 +488,9 @@ class Transport:
                         log.warning("fetched blob rejected name=%s from=%s", name, peer)
                 except Exception as err:  # lost connections and timeouts are normal events
                     log.debug("fetch failed name=%s from=%s error=%r", name, peer, err)
+                    if len(self._slow) > 1024:
+                        self._slow.clear()
+                    self._slow[peer] = time.monotonic()  # tried last for a minute
             passes += 1
             await asyncio.sleep(min(0.05 * passes, 0.5, max(0.0, deadline - time.monotonic())))
         return None
@@ -450,22 +498,17 @@ class Transport:
     async def _receive_push(self, info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """A client-mode peer hands us a blob: read it (bounded), let ``on_push`` verify it, answer 1/0."""
         ok = False
-        if info.peer_id.to_base58() in self.blocked:
+        peer = info.peer_id.to_base58()
+        if peer in self.blocked or not self._admit(peer):
             writer.close()
             return
         try:
             name = await _read_name(reader)
             (length,) = struct.unpack(">Q", await asyncio.wait_for(reader.readexactly(8), _STALL_S))
-            if not isinstance(name, str) or length > self.cfg.max_update_bytes or self.on_push is None:
+            if not isinstance(name, str) or length > self.cfg.max_update_bytes or self.on_push is None \
+                    or not self._push_allowed(peer, name):
                 return
-            parts, left = [], length
-            while left:
-                piece = await asyncio.wait_for(reader.readexactly(min(_CHUNK, left)), _STALL_S)
-                await self._down.consume(len(piece))
-                self.bytes_down += len(piece)
-                parts.append(piece)
-                left -= len(piece)
-            data = b"".join(parts)
+            data = await self._read_body(reader, length, peer)
             # verification decodes and checks a signature: off the event loop
             ok = await asyncio.get_running_loop().run_in_executor(None, self.on_push, name, data)
         except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, ValueError) as err:
@@ -477,6 +520,22 @@ class Transport:
             except (ConnectionError, RuntimeError):
                 pass
             writer.close()
+            self._release(peer)
+
+    def _push_allowed(self, peer: str, name: str) -> bool:
+        """A peer pushes only its own update (u/<run>/<round>/<itself>), at most swarm.pushes_per_round times."""
+        parts = name.split("/")
+        if len(parts) != 4 or update_sender(name) != peer:
+            self.quota_refusals += 1
+            return False
+        if len(self._pushes) > 4096:  # old rounds: forget them
+            self._pushes.clear()
+        key = (peer, parts[2])
+        self._pushes[key] = self._pushes.get(key, 0) + 1
+        if self._pushes[key] > self.cfg.pushes_per_round:
+            self.quota_refusals += 1
+            return False
+        return True
 
     async def push_async(self, peer: str, addrs: Iterable[str], name: str, data: bytes) -> bool:
         """Hand blob ``name`` to ``peer`` (which verifies, holds and serves it); True when it accepted."""

@@ -32,12 +32,14 @@ ERR = Console(stderr=True)  # logs, progress bars and live views share it, so th
 
 
 class _TidyHelp:
-    """Help without type placeholders: flags show none, other options their metavar."""
+    """Help without type placeholders: flags show none, other options their metavar, arguments their name."""
 
     def get_params(self, ctx: Any) -> list[Any]:
         params = super().get_params(ctx)  # type: ignore[misc]
         for p in params:
-            if p.metavar is None and getattr(p, "is_flag", False):
+            if getattr(p, "param_type_name", "") == "argument":
+                p.display_type_rich = lambda ctx: None  # its metavar already names it
+            elif p.metavar is None and getattr(p, "is_flag", False):
                 p.metavar = ""
             elif p.metavar is None:
                 p.metavar = p.display_type(ctx).strip("<>").split(" ")[0].upper()
@@ -86,6 +88,8 @@ PeerOpt = typer.Option(None, "--initial-peer", "-p", metavar="MADDR",
 DeviceOpt = typer.Option(None, "--device", metavar="DEVICE",
                          help="cpu, cuda or cuda:N (default: inner.device; auto picks CUDA when there is one).")
 VerboseOpt = typer.Option(False, "--verbose", "-v", help="Debug logging, and the traceback of any error.")
+AdmissionOpt = typer.Option(None, "--admission", metavar="FILE", help="This peer's admission certificate "
+                            "(`gradnode admit`), in a permissioned run; sets run.admission.")
 GenesisOpt = typer.Option(None, "--genesis", metavar="FILE", help="The run's genesis (`gradnode run init`); sets "
                           "run.genesis.")
 OutputOpt = typer.Option(None, "--output-dir", metavar="DIR", help="Override run.output_dir (checkpoints, key, logs).")
@@ -242,6 +246,81 @@ def run_init_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] =
     _say(f"genesis written to {out}; peers join with: gradnode join --config ... --genesis {out}")
 
 
+def _authority(genesis_file: Path, key: Path) -> tuple[Any, Any]:
+    """(genesis, authority identity) after checking that ``key`` is the authority the genesis names."""
+    from gradnode.node.swarm.identity import load_or_create
+    from gradnode.protocol.genesis import Genesis
+
+    genesis = Genesis.from_json(genesis_file.read_bytes())
+    if not genesis.authority:
+        raise ValueError(f"{genesis_file} names no run authority: the run is open (anyone may join)")
+    if not key.is_file():
+        raise ValueError(f"--authority-key {key}: no such key file")
+    ident = load_or_create(key)
+    if ident.public_der.hex() != genesis.authority:
+        raise ValueError(f"--authority-key {key} is not the authority key of {genesis_file}")
+    return genesis, ident
+
+
+AuthorityOpt = typer.Option(..., "--authority-key", metavar="FILE", help="The run authority's key file.")
+GenesisReq = typer.Option(..., "--genesis", metavar="FILE", help="The run's genesis (`gradnode run init`).")
+
+
+@command("admit")
+def admit_cmd(peer_id: str = typer.Argument(..., metavar="PEER_ID", help="The peer id it prints at start."),
+              genesis_file: Path = GenesisReq, authority_key: Path = AuthorityOpt,
+              days: float = typer.Option(30.0, "--days", min=0.001, metavar="N", help="Valid for N days."),
+              out: Path = typer.Option(..., "--out", "-o", metavar="FILE", help="Where to write the certificate.")) \
+        -> None:
+    """Admit a peer to a permissioned run: write an admission certificate, signed by the run authority, that
+    the peer starts with (--admission FILE); peers ignore everything from ids without a valid one."""
+    from gradnode.node.swarm import admission
+
+    with _user_errors(False):
+        genesis, authority = _authority(genesis_file, authority_key)
+        try:
+            cert = admission.admit(authority, genesis.run_id, peer_id, time.time() + days * 86400)
+        except Exception as err:  # pydantic: a malformed peer id
+            raise ValueError(f"PEER_ID {peer_id!r} is not a peer id") from err
+        out.write_bytes(cert)
+    typer.echo(f"admitted {peer_id} to {genesis.run_id} for {days:g} days: {out}")
+
+
+@command("revoke")
+def revoke_cmd(peer_ids: list[str] = typer.Argument(..., metavar="PEER_ID...", help="Peers to revoke."),
+               genesis_file: Path = GenesisReq, authority_key: Path = AuthorityOpt,
+               initial_peer: Optional[list[str]] = PeerOpt, verbose: bool = VerboseOpt) -> None:
+    """Revoke admissions in a running permissioned run: publish a signed revocation list (the peers listed
+    before stay listed); every peer drops the revoked ones at its next read of the member list."""
+    import tempfile
+
+    from gradnode.node.config import SwarmConfig
+    from gradnode.node.swarm import admission
+    from gradnode.node.swarm.transport import Transport
+    from gradnode.protocol.records import Revocation, dht_key
+
+    _setup_logging(verbose)
+    logging.getLogger().setLevel(logging.DEBUG if verbose else logging.WARNING)
+    with _user_errors(verbose), tempfile.TemporaryDirectory():
+        genesis, authority = _authority(genesis_file, authority_key)
+        if not initial_peer:
+            raise ValueError("revoke needs --initial-peer (a peer of the run)")
+        sw = SwarmConfig(client_mode=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=list(initial_peer))
+        transport = Transport(sw, authority)
+        try:
+            transport.start()
+            gate = admission.Gate(genesis.run_id, authority.public_der, transport.now)
+            gate.take_revocations([raw for _, raw in transport.get(dht_key(genesis.run_id, "revocations"))])
+            revoked = sorted(gate.revoked | set(peer_ids))
+            rec = admission.revocation(authority, genesis.run_id, revoked, transport.now())
+            Revocation.from_bytes(rec)  # malformed ids fail here, before anything is published
+            if not transport.store(dht_key(genesis.run_id, "revocations"), rec, ttl=30 * 86400):
+                raise ValueError("the revocation list could not be stored in the DHT; try again")
+        finally:
+            transport.close()
+    typer.echo(f"revoked in {genesis.run_id}: {len(revoked)} peer(s)")
+
+
 # --- training alone ---
 
 
@@ -380,12 +459,15 @@ def bootstrap_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] 
                   host: Optional[list[str]] = typer.Option(None, "--host", metavar="MADDR", help="Listen multiaddr, "
                                                            "e.g. /ip4/0.0.0.0/tcp/31337 (repeatable)."),
                   device: Optional[str] = DeviceOpt, genesis: Optional[Path] = GenesisOpt,
+                  admission_file: Optional[Path] = AdmissionOpt,
                   maddrs_file: Optional[Path] = typer.Option(None, "--maddrs-file", hidden=True),
                   verbose: bool = VerboseOpt) -> None:
     """Start a long-lived bootstrap peer with a stable identity; prints the multiaddrs others join with."""
     extra: dict[str, Any] = {"swarm.serve_only": not train}
     if genesis is not None:
         extra["run.genesis"] = str(genesis)
+    if admission_file is not None:
+        extra["run.admission"] = str(admission_file)
     if host:
         extra["swarm.host_maddrs"] = list(host)
     cfg = _load(config, set_, extra)
@@ -408,11 +490,13 @@ def join_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = Set
              summary: Optional[Path] = typer.Option(None, "--summary", metavar="FILE",
                                                     help="Write the final summary JSON here."),
              no_eval: bool = typer.Option(False, "--no-eval", help="Skip the validation loss at start and end."),
-             genesis: Optional[Path] = GenesisOpt,
+             genesis: Optional[Path] = GenesisOpt, admission_file: Optional[Path] = AdmissionOpt,
              maddrs_file: Optional[Path] = typer.Option(None, "--maddrs-file", hidden=True),
              verbose: bool = VerboseOpt) -> None:
     """Join a swarm: download the current weights (verified by hash), then train and exchange every round."""
     extra: dict[str, Any] = {} if genesis is None else {"run.genesis": str(genesis)}
+    if admission_file is not None:
+        extra["run.admission"] = str(admission_file)
     if rounds is not None:
         extra["swarm.rounds"] = rounds
     if output_dir is not None:
@@ -444,6 +528,7 @@ def status_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = S
     logging.getLogger().setLevel(logging.DEBUG if verbose else logging.WARNING)  # a read-only look: no chatter
     from rich.table import Table
 
+    from gradnode.node.swarm import admission
     from gradnode.node.swarm.identity import load_or_create
     from gradnode.node.swarm.membership import Membership
     from gradnode.node.swarm.transport import Transport
@@ -454,13 +539,15 @@ def status_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = S
         transport = Transport(sw, ident)
         try:
             transport.start()
-            members = Membership(transport, ident, cfg.run.run_id, cfg.swarm.record_ttl_s).members(max_age=0)
+            gate = admission.gate_of(cfg, transport.now)  # a permissioned run: admitted members only
+            members = Membership(transport, ident, cfg.run.run_id, cfg.swarm.record_ttl_s, gate=gate).members(max_age=0)
             now = transport.now()
         finally:
             transport.close()
     rows = sorted(members.values(), key=lambda m: m.peer_id)
     if as_json:
-        typer.echo(json.dumps([{**m.model_dump(exclude={"public_key", "signature"}), "last_seen_s": now - m.time,
+        typer.echo(json.dumps([{**m.model_dump(exclude={"public_key", "signature", "admission"}),
+                                "admitted": bool(m.admission), "last_seen_s": now - m.time,
                                 "ignored_by": sum(m.peer_id in other.ignoring for other in rows)} for m in rows]))
         return
     table = Table(title=f"swarm {cfg.run.run_id}: {plural(len(rows), 'peer')}")

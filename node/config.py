@@ -33,6 +33,8 @@ class RunConfig(_Section):
     output_dir: Path = Field(Path("runs/default"), description="Folder for checkpoints, keys, logs and metrics.")
     genesis: Path | None = Field(None, description="The run's genesis file (`gradnode run init`): its rules must "
                                  "equal this config's, and its run id replaces run.run_id.")
+    admission: Path | None = Field(None, description="This peer's admission certificate (`gradnode admit`), for a "
+                                   "run whose genesis names a run authority.")
 
 
 class ModelConfig(_Section):
@@ -275,11 +277,13 @@ class SwarmConfig(_Section):
     push_peers: int = Field(2, ge=1, le=64,
                             description="Reachable peers a client-mode peer pushes each of its updates to; they "
                                         "verify, hold and serve it for everyone else.")
-    fault: Literal["none", "corrupt", "forge", "tamper_state", "drift", "tokens", "dense", "slowhold"] = Field(
+    fault: Literal["none", "corrupt", "forge", "tamper_state", "drift", "tokens", "dense", "slowhold",
+                   "intruder"] = Field(
         "none", description="Testing aid: 'corrupt' flips bytes of this peer's updates, 'forge' signs them with "
                             "another key, 'tamper_state' offers altered weights under the honest hash, 'tokens' "
                             "declares 2^40 tokens per update, 'dense' sends its updates with the dense codec, "
-                            "'slowhold' claims every announced update at once and serves at 128 B/s; "
+                            "'slowhold' claims every announced update at once and serves at 128 B/s, 'intruder' "
+                            "joins a permissioned run without an admission certificate; "
                             "honest peers must reject them. 'drift' nudges this peer's own weights once (at "
                             "fault_round): its hash check must notice and re-sync it from the majority.")
     fault_round: int = Field(1, ge=0, le=2**40, description="Testing aid: the round from which swarm.fault applies.")

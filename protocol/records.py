@@ -148,6 +148,26 @@ class MemberRecord(Record):
                                                         "hash after applying r), oldest first (protocol/chain.py).")
     ignoring: list[PeerId] = Field(default_factory=list, max_length=16,
                                    description="Senders this peer currently ignores for repeated invalid updates.")
+    admission: bytes = Field(b"", max_length=2048, description="Its Admission record, signed by the run "
+                                                               "authority (permissioned runs; empty in open ones).")
+
+
+class Admission(Record):
+    """The run authority admits ``peer`` to the run until ``expires`` (unix time); signed by the authority
+    key the run's genesis names (protocol/genesis.py), issued with `gradnode admit`."""
+
+    kind: ClassVar[str] = "admission"
+    peer: PeerId
+    expires: float = Field(ge=0.0, le=1e11)
+
+
+class Revocation(Record):
+    """The run authority withdraws admissions: every peer listed here is out, whatever its certificate.
+    The newest list (by ``time``) signed by the authority holds."""
+
+    kind: ClassVar[str] = "revocation"
+    revoked: list[PeerId] = Field(max_length=256)
+    time: float = Field(ge=0.0, le=1e11)
 
 
 class UpdateAnnouncement(Record):
@@ -221,12 +241,19 @@ def update_sender(name: str) -> str | None:
     return name.rsplit("/", 1)[-1] if name.startswith("u/") else None
 
 
+def proposal_list_name(run_id: str, round_: int, proposer: str) -> str:
+    """Blob under which a proposer serves its proposal spelled out: the msgpack list of (sender, digest)."""
+    return f"p/{run_id}/{round_}/{proposer}"
+
+
 def state_chunk_name(run_id: str, round_: int, digest: str) -> str:
     return f"s/{run_id}/{round_}/{digest}"
 
 
-def dht_key(run_id: str, what: Literal["members", "updates", "proposals", "weights", "state", "holdings"],
-            round_: int | None = None) -> str:
+Table = Literal["members", "updates", "proposals", "weights", "state", "holdings", "revocations"]
+
+
+def dht_key(run_id: str, what: Table, round_: int | None = None) -> str:
     return f"gradnode/{run_id}/{what}" + ("" if round_ is None else f"/{round_}")
 
 

@@ -61,3 +61,23 @@ def test_a_slow_holder_costs_the_honest_peers_little(run_swarm, metrics_of, floo
     assert median_wait < 5.0 and own >= len(rows) - 2, (median_wait, own)
     assert summary["live_peers"] == 3 and summary["identical_hashes"], explain(summary)
     assert summary["val_loss_last"] < summary["val_loss_first"]
+
+
+def test_an_intruder_in_a_permissioned_run_counts_for_nothing(run_swarm, metrics_of) -> None:
+    """intruder: the run's genesis names an authority that admitted the bootstrap and peers 0-2; peer 3 joins
+    without a certificate (modified code that skips its own check). The honest peers drop its member record,
+    so its updates never verify and its streams are refused; they train on one hash without it."""
+    summary = run_swarm(peers=4, rounds=5, faults="intruder:3")
+    peers = summary["peers"]
+    assert [p["role"] for p in peers] == ["honest"] * 3 + ["intruder"]
+    from gradnode.node.swarm.identity import load_or_create
+
+    intruder = load_or_create(summary_dir(summary) / "peer-3" / "identity.key").peer_id  # made by the simulator
+    assert summary["live_peers"] == 3 and summary["identical_hashes"], explain(summary)
+    for i in range(3):
+        rows = metrics_of(summary, i)
+        assert all(intruder not in row["senders"] for row in rows)
+        assert sum(row["own_included"] is True for row in rows) >= 4, rows
+        log = (summary_dir(summary) / f"peer-{i}.log").read_text()
+        assert f"member ignored peer={intruder[:12]} reason=no admission certificate" in log
+    assert summary["val_loss_last"] < summary["val_loss_first"]

@@ -127,3 +127,16 @@ def test_update_sender_reads_the_sender_back_from_an_update_name() -> None:
 
     assert update_sender(update_name("run", 7, A)) == A
     assert update_sender(state_chunk_name("run", 7, D)) is None
+
+
+def test_a_proposal_spelled_out_from_the_network_is_parsed_strictly() -> None:
+    """The fallback when a fingerprint names no announcement in sight: the leader serves its proposal spelled
+    out (a msgpack list of [sender, digest]); what comes back is hostile bytes until it parses strictly and
+    its fingerprints equal the signed proposal's."""
+    from gradnode.node.swarm.exchange import _pairs
+
+    good = msgpack.packb([[A, D], [B, D]])
+    assert _pairs(good) == [(A, D), (B, D)] and pack(_pairs(good) or []) == pack([(B, D), (A, D)])
+    for bad in (b"", b"\xc1", msgpack.packb({"a": 1}), msgpack.packb([[A]]), msgpack.packb([[A, 7]]),
+                msgpack.packb([["x" * 200, D]]), msgpack.packb([[A, D]] * (MAX_PEERS_PER_ROUND + 1))):
+        assert _pairs(bad) is None, bad[:20]

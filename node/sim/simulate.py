@@ -85,6 +85,39 @@ def describe_link(link: str, s: SimSettings) -> str:
     return "none: no --bandwidth, peers on 127.0.0.1 uncapped"
 
 
+def permissioned(s: SimSettings, intruders: list[int]) -> dict[str, list[str]]:
+    """Make the run permissioned, as an operator would: an authority key, the run's genesis naming it, and an
+    admission certificate for the bootstrap and every peer but ``intruders`` (each process's key is made
+    here, in its run folder, where it will find it). Returns the arguments each process starts with."""
+    import secrets
+
+    from gradnode.node.config import load_config, parse_override, shared_rules
+    from gradnode.node.swarm import admission
+    from gradnode.node.swarm.identity import load_or_create
+    from gradnode.node.train.engine import initial_weights_hash
+    from gradnode.protocol.genesis import Genesis
+
+    overrides = dict(parse_override(o) for o in s.overrides)
+    if s.seed is not None:
+        overrides["run.seed"] = s.seed
+    cfg = load_config(s.config, overrides)
+    authority = load_or_create(s.out_dir / "authority.key")
+    genesis = Genesis(name=cfg.run.run_id[:47], rules=shared_rules(cfg), weights_hash=initial_weights_hash(cfg),
+                      nonce=secrets.token_hex(16), authority=authority.public_der.hex(), created=time.time())
+    (s.out_dir / "genesis.json").write_text(genesis.to_json())
+    extra: dict[str, list[str]] = {}
+    for name in ["bootstrap", *(f"peer-{i}" for i in range(s.peers))]:
+        folder = s.out_dir / name
+        extra[name] = ["--set", f"run.genesis={s.out_dir / 'genesis.json'}"]
+        if name != "bootstrap" and _index(name) in intruders:
+            continue
+        peer = load_or_create(folder / "identity.key").peer_id
+        (folder / "admission.cert").write_bytes(admission.admit(authority, genesis.run_id, peer, time.time() + 86400))
+        extra[name] += ["--set", f"run.admission={folder / 'admission.cert'}"]
+    log.info("permissioned run %s: %d admitted, intruders %s", genesis.run_id, s.peers + 1 - len(intruders), intruders)
+    return extra
+
+
 class Swarm:
     """The processes of one simulated swarm; a context manager that always cleans up. With `links`,
     peer i runs inside namespace i and listens on its address there; the bootstrap on the host side."""
@@ -103,6 +136,7 @@ class Swarm:
         self.bootstrap_port = 0
         # a partition without network namespaces: each peer's transport reads whom to drop from this file
         self.partition_file: str | None = "partition.json" if partition_in_transport else None
+        self.extra: dict[str, list[str]] = {}  # more arguments per process (a permissioned run's files)
 
     def __enter__(self) -> "Swarm":
         return self
@@ -138,7 +172,7 @@ class Swarm:
         # the bootstrap listens on a fixed port: restarted, it comes back at the address peers were given
         port = self.bootstrap_port if name == "bootstrap" else 0
         args = ["--set", f"run.output_dir={self.s.out_dir / name}",
-                "--set", f"swarm.host_maddrs=['/ip4/{self._host_ip(name)}/tcp/{port}']"]
+                "--set", f"swarm.host_maddrs=['/ip4/{self._host_ip(name)}/tcp/{port}']", *self.extra.get(name, [])]
         if self.partition_file is not None and name != "bootstrap":
             args += ["--set", f"swarm.fault_partition_file={self.s.out_dir / name / 'partition.json'}"]
         if self.s.config is not None:
@@ -222,8 +256,8 @@ class Swarm:
     def running(self, name: str) -> bool:
         return name in self.procs and self.procs[name].poll() is None
 
-    def peers_running(self) -> int:
-        return sum(1 for n, p in self.procs.items() if n != "bootstrap" and p.poll() is None)
+    def peers_running(self, ignore: frozenset[str] = frozenset()) -> int:
+        return sum(1 for n, p in self.procs.items() if n != "bootstrap" and n not in ignore and p.poll() is None)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """SIGKILL goes to the peer's whole process group (itself, its DHT process, its p2pd); SIGTERM only
@@ -386,11 +420,16 @@ def run(s: SimSettings, *, live: bool = True, on_swarm: Any = None, console: Any
         rate = s.bandwidth if link == "netns" else None
         links = stack.enter_context(netns.Links(s.peers, rate)) if link == "netns" or partition == "netns" else None
         swarm = stack.enter_context(Swarm(s, links, partition_in_transport=partition == "transport"))
+        intruders = [i for i, r in schedule.roles.items() if r == "intruder"]
+        if intruders:
+            swarm.extra = permissioned(s, intruders)
         initial = swarm.start_bootstrap()
         swarm.initial = initial
         first = [i for i in range(s.peers) if i not in schedule.late]
-        for i in first:
-            swarm.start_peer(i, initial, min_peers=len(first))
+        for i in first:  # intruders are nobody: the others do not count on them
+            swarm.start_peer(i, initial, min_peers=len([j for j in first if j not in intruders]))
+        # nobody works with an intruder, so it may never finish: the run ends when the others have
+        waits_for = frozenset(f"peer-{i}" for i in intruders)
         if on_swarm is not None:
             on_swarm(swarm)
         end = started + s.timeout_s
@@ -398,7 +437,7 @@ def run(s: SimSettings, *, live: bool = True, on_swarm: Any = None, console: Any
         console = console or Console(stderr=True)
         with Live(live_table(s, started), console=console, refresh_per_second=2, transient=False,
                   auto_refresh=False) as view:
-            while (swarm.peers_running() or pending) and time.monotonic() < end:
+            while (swarm.peers_running(ignore=waits_for) or pending) and time.monotonic() < end:
                 if pending:
                     now = swarm_round(s, split)
                     while pending and pending[0].round <= now:

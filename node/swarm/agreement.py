@@ -20,9 +20,11 @@ import threading
 import time
 from typing import Callable
 
+import msgpack
+
 from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm.membership import Membership
-from gradnode.protocol.records import Proposal, leader, pack
+from gradnode.protocol.records import Proposal, leader, pack, proposal_list_name
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,9 @@ class Agreement:
         (the others stopped waiting for it: a late proposal could split them)."""
         if not self.may_lead or self.leaving.is_set():
             return
+        # the pairs spelled out, served to whoever cannot resolve a fingerprint from the announcements it sees
+        self.members.transport.blobs.put(proposal_list_name(self.run_id, self.round, self.me),
+                                         msgpack.packb(sorted(included)))
         self.members.write("proposals", self.round, Proposal(run_id=self.run_id, round=self.round,
                                                              proposer=self.me, included=pack(included)))
 

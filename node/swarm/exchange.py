@@ -33,6 +33,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import msgpack
+
 from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm import adversary
 from gradnode.node.swarm.agreement import POLL_S, Agreement
@@ -41,11 +43,13 @@ from gradnode.node.swarm.membership import Membership, kept_for_catchup
 from gradnode.node.swarm.rules import UpdateRules
 from gradnode.node.swarm.transport import Transport
 from gradnode.protocol.records import (
+    MAX_PEERS_PER_ROUND,
     Holdings,
     Proposal,
     UpdateAnnouncement,
     fingerprint,
     pack,
+    proposal_list_name,
     resolve,
     unpack,
     update_name,
@@ -218,7 +222,24 @@ class RoundExchange(threading.Thread):
         if unknown:
             self._scan()
             pairs, unknown = resolve(chosen.included, known())
+        if unknown:  # announcements out of sight (a split network, a slow DHT): ask the proposer for its list
+            spelled = self._proposal_list(chosen)
+            if spelled is not None:
+                pairs, unknown = spelled, 0
         return pairs, unknown
+
+    def _proposal_list(self, chosen: Proposal) -> list[tuple[str, str]] | None:
+        """The leader's proposal spelled out, fetched from it and checked fingerprint for fingerprint."""
+        def exact(data: bytes) -> bool:
+            pairs = _pairs(data)
+            return pairs is not None and pack(pairs) == chosen.included
+
+        window = max(self.cfg.min_deadline_s, (self.cfg.deadline_slack - 1.0) * self.round_seconds)
+        data = self.transport.fetch(self.members.sources([chosen.proposer]),
+                                    proposal_list_name(self.run_id, self.round, chosen.proposer),
+                                    max_bytes=200 * MAX_PEERS_PER_ROUND, deadline=time.monotonic() + window,
+                                    verify=exact)
+        return None if data is None else _pairs(data)
 
     def _assemble(self, chosen: Proposal | None, t0: float) -> Outcome:
         if chosen is None:
@@ -330,3 +351,15 @@ class RoundExchange(threading.Thread):
         if reason is not None:
             self._reject(sender, reason)
         return upd
+
+
+def _pairs(data: bytes) -> list[tuple[str, str]] | None:
+    """A proposal spelled out (msgpack list of [sender, digest]) from the network; None if malformed."""
+    try:
+        got = msgpack.unpackb(data, raw=False)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+        return None
+    if not isinstance(got, list) or len(got) > MAX_PEERS_PER_ROUND or not all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) and len(x) <= 128 for x in p) for p in got):
+        return None
+    return [(s, d) for s, d in got]

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from gradnode.node import __version__
 from gradnode.node.config import SwarmConfig
+from gradnode.node.swarm.admission import Gate
 from gradnode.node.swarm.identity import Identity, peer_id_from_public_der, verify
 from gradnode.node.swarm.transport import Transport
 from gradnode.protocol.records import PROTOCOL_VERSION, MemberRecord, Record, RecordError, dht_key
@@ -37,11 +38,17 @@ def kept_for_catchup(cfg: SwarmConfig, round_seconds: float) -> float:
 class Membership:
     """Publishes this peer's record and reads everyone's, verified and fresh."""
 
-    def __init__(self, transport: Transport, identity: Identity, run_id: str, ttl: float) -> None:
+    def __init__(self, transport: Transport, identity: Identity, run_id: str, ttl: float, *,
+                 gate: Gate | None = None, admission: bytes = b"") -> None:
         self.transport = transport
         self.identity = identity
         self.run_id = run_id
         self.ttl = ttl
+        self.gate = gate or Gate(run_id, None, transport.now)  # open run unless told otherwise
+        self.admission = admission  # this peer's certificate (permissioned runs), published in its record
+        self._admitted: frozenset[str] = frozenset({identity.peer_id})
+        self._refused: set[tuple[str, str]] = set()  # (peer, why) already logged
+        self._revocations_at = 0.0
         self._keys: dict[str, bytes] = {identity.peer_id: identity.public_der}
         self._members: dict[str, MemberRecord] = {}
         self._read_at = 0.0
@@ -69,7 +76,8 @@ class Membership:
                            loss=None if loss is None or not (0 <= loss <= 1e6) else loss,
                            software_version=SOFTWARE_VERSION, protocol_version=PROTOCOL_VERSION,
                            time=self.transport.now(), leaving=leaving, reachable=not self.transport.cfg.client_mode,
-                           ignoring=sorted(ignoring or [])[:16], chain=list(chain or [])[-8:])
+                           ignoring=sorted(ignoring or [])[:16], chain=list(chain or [])[-8:],
+                           admission=self.admission)
         return self.transport.store(dht_key(self.run_id, "members"), self.sign(rec).to_bytes(), self.ttl)
 
     def _note_bad(self, who: str, why: str) -> None:
@@ -84,6 +92,9 @@ class Membership:
         found: dict[str, MemberRecord] = {}
         leaving: set[str] = set()
         now = self.transport.now()
+        if not self.gate.open and time.monotonic() - self._revocations_at > 5.0:
+            self._revocations_at = time.monotonic()
+            self.gate.take_revocations([raw for _, raw in self.transport.get(dht_key(self.run_id, "revocations"))])
         for owner, raw in self.transport.get(dht_key(self.run_id, "members")):
             try:
                 rec = MemberRecord.from_bytes(raw)
@@ -101,6 +112,12 @@ class Membership:
             if not verify(rec.public_key, rec.signing_bytes(), rec.signature):
                 self._note_bad(rec.peer_id, "bad member signature")
                 continue
+            why = self.gate.why_not(rec.peer_id, rec.admission)
+            if why is not None:  # a permissioned run: not one of us; once in the log, then silently
+                if (rec.peer_id, why) not in self._refused:
+                    self._refused.add((rec.peer_id, why))
+                    log.warning("member ignored peer=%s reason=%s", rec.peer_id[:12], why)
+                continue
             if rec.leaving and now - rec.time <= self.ttl:  # an old departure says nothing about now
                 leaving.add(rec.peer_id)
                 self._keys.setdefault(rec.peer_id, rec.public_key)  # its last records still verify
@@ -109,6 +126,10 @@ class Membership:
             found[rec.peer_id] = rec
         mono = time.monotonic()
         with self._lock:
+            if not self.gate.open:  # keys of peers no longer admitted (revoked, expired) verify nothing more
+                self._admitted = frozenset(found) | leaving | {self.identity.peer_id}
+                for pid in [p for p in self._keys if p not in self._admitted]:
+                    del self._keys[pid]
             for pid, rec in found.items():
                 self._keys[pid] = rec.public_key
                 if self._changed.get(pid, (None,))[0] != rec.time:
@@ -133,11 +154,16 @@ class Membership:
         with self._lock:
             return set(self._leaving)
 
+    def admitted(self, peer_id: str) -> bool:
+        """May ``peer_id`` take part (open run: anyone; permissioned: an admitted member as last read)?
+        Never blocks: the transport asks on its event loop."""
+        return self.gate.open or peer_id in self._admitted
+
     def public_key(self, peer_id: str) -> bytes | None:
         with self._lock:
             key = self._keys.get(peer_id)
-        if key is None:
-            self.members(max_age=0.0)
+        if key is None:  # a member new to us, or a stranger: read the list again (permissioned: once a second)
+            self.members(max_age=0.0 if self.gate.open else 1.0)
             with self._lock:
                 key = self._keys.get(peer_id)
         return key

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gradnode.node.config import Config
-from gradnode.node.swarm import adversary, health
+from gradnode.node.swarm import admission, adversary, health
 from gradnode.node.swarm.addressbook import AddressBook, with_peer_id
 from gradnode.node.swarm.agreement import abstain
 from gradnode.node.swarm.chores import Chores, Findings
@@ -107,8 +107,11 @@ class Peer:
 
     def start(self) -> None:
         self.transport.on_push = self._accept_push
+        gate, cert = admission.from_config(self.cfg, self.identity, self.transport.now)  # before any network
         self._connect()
-        self.membership = Membership(self.transport, self.identity, self.cfg.run.run_id, self.sw.record_ttl_s)
+        self.membership = Membership(self.transport, self.identity, self.cfg.run.run_id, self.sw.record_ttl_s,
+                                     gate=gate, admission=cert)
+        self.transport.admits = self.membership.admitted
         self.clock = Clock(self.membership, self.sw, self.identity.peer_id, self.cfg.inner.steps, self.stop)
         self.chores = Chores(cfg=self.cfg, members=self.membership, transport=self.transport, phases=self.phases,
                              publish_member=lambda: self._publish_member(training=True), save=self._save_checkpoint,
@@ -357,7 +360,7 @@ class Peer:
         self._settle_chores()
         self.chores.hand_off(self.engine, self.history)
         keep = max(3, self.sw.catchup_rounds + 1)  # applied updates stay served for the catch-up window
-        self.transport.blobs.drop(lambda n: not n.startswith("u/") or
+        self.transport.blobs.drop(lambda n: not n.startswith(("u/", "p/")) or
                                   int(n.split("/")[2]) >= self.engine.round - keep)
         self.history.forget_before(self.engine.round - keep)
 
@@ -395,7 +398,8 @@ class Peer:
             from gradnode.node.train import checkpoint
 
             checkpoint.drop_after(self.cfg.run.output_dir / "checkpoints", self.engine.round)
-            self.transport.blobs.drop(lambda n: not n.startswith("u/") or int(n.split("/")[2]) < self.engine.round)
+            self.transport.blobs.drop(lambda n: not n.startswith(("u/", "p/")) or
+                                      int(n.split("/")[2]) < self.engine.round)
         return adopted
 
     def _look_at_chains(self) -> health.ChainView:

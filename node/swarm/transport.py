@@ -158,6 +158,9 @@ class Transport:
         self._slow: dict[str, float] = {}  # holder -> when a transfer from it last failed or crawled
         # accepts or refuses a pushed blob (name, bytes) -> bool; set by the peer, None refuses every push
         self.on_push: Callable[[str, bytes], bool] | None = None
+        # whether a peer may open streams to us at all (a permissioned run: admitted members only); set by
+        # the peer, read on the event loop, so it must not block
+        self.admits: Callable[[str], bool] = lambda peer: True
         rate = cfg.bandwidth_bytes_per_s()
         self._up = TokenBucket(rate)
         self._down = TokenBucket(rate)
@@ -316,15 +319,15 @@ class Transport:
 
     # --- blobs over streams ----------------------------------------------------------------------------
 
-    def _admit(self, peer: str) -> bool:
-        """One more inbound stream from ``peer``, within swarm.max_streams_per_peer (release with _release)."""
+    def _take_slot(self, peer: str) -> bool:
+        """One more inbound stream from ``peer``, within swarm.max_streams_per_peer (free with _free_slot)."""
         if self._inbound.get(peer, 0) >= self.cfg.max_streams_per_peer:
             self.quota_refusals += 1
             return False
         self._inbound[peer] = self._inbound.get(peer, 0) + 1
         return True
 
-    def _release(self, peer: str) -> None:
+    def _free_slot(self, peer: str) -> None:
         left = self._inbound.get(peer, 1) - 1
         if left:
             self._inbound[peer] = left
@@ -333,13 +336,13 @@ class Transport:
 
     async def _serve(self, info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = info.peer_id.to_base58()
-        if peer in self.blocked or not self._admit(peer):
+        if peer in self.blocked or not self.admits(peer) or not self._take_slot(peer):
             writer.close()
             return
         try:
             await self._serve_one(info, reader, writer)
         finally:
-            self._release(peer)
+            self._free_slot(peer)
 
     async def _serve_one(self, info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -499,7 +502,7 @@ class Transport:
         """A client-mode peer hands us a blob: read it (bounded), let ``on_push`` verify it, answer 1/0."""
         ok = False
         peer = info.peer_id.to_base58()
-        if peer in self.blocked or not self._admit(peer):
+        if peer in self.blocked or not self.admits(peer) or not self._take_slot(peer):
             writer.close()
             return
         try:
@@ -520,7 +523,7 @@ class Transport:
             except (ConnectionError, RuntimeError):
                 pass
             writer.close()
-            self._release(peer)
+            self._free_slot(peer)
 
     def _push_allowed(self, peer: str, name: str) -> bool:
         """A peer pushes only its own update (u/<run>/<round>/<itself>), at most swarm.pushes_per_round times."""

@@ -1,0 +1,151 @@
+"""Permissioned runs (node/swarm/admission.py): the run authority named in the genesis admits peers with
+signed certificates (`gradnode admit`) and revokes them (`gradnode revoke`). A peer without a valid
+certificate is nobody: its member record is dropped, its other records fail verification (no key is
+known for it), and its streams are refused. Open runs (no authority) admit anyone."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from _tiny import TINY
+from gradnode.node.config import SwarmConfig
+from gradnode.node.swarm import admission
+from gradnode.node.swarm.admission import Gate
+from gradnode.node.swarm.identity import load_or_create
+from gradnode.node.swarm.membership import Membership
+from gradnode.node.swarm.transport import Transport
+from gradnode.protocol.records import Proposal, dht_key
+
+RUN = "demo-0123456789abcdef"
+SETS = [f"--set=model.{k}={v}" for k, v in TINY["model"].items()] + ["--set=run.run_id=demo"]
+
+
+def gradnode(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gradnode.node.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory):
+    folder = tmp_path_factory.mktemp("keys")
+    return {name: load_or_create(folder / f"{name}.key") for name in ("authority", "a", "b", "c")}
+
+
+def test_the_gate_checks_signer_run_peer_expiry_and_revocation(keys) -> None:
+    auth, a, c = keys["authority"], keys["a"], keys["c"]
+    now = time.time()
+    gate = Gate(RUN, auth.public_der, lambda: now)
+    good = admission.admit(auth, RUN, a.peer_id, now + 60)
+    assert gate.why_not(a.peer_id, good) is None
+    assert gate.why_not(a.peer_id, b"") == "no admission certificate"
+    assert gate.why_not(c.peer_id, good) == "admission certificate of another run or peer"  # a's, shown by c
+    assert gate.why_not(a.peer_id, admission.admit(auth, "other-run", a.peer_id, now + 60)) == \
+        "admission certificate of another run or peer"
+    assert gate.why_not(a.peer_id, admission.admit(c, RUN, a.peer_id, now + 60)) == \
+        "admission certificate not signed by the run authority"  # c signs for itself
+    assert gate.why_not(a.peer_id, admission.admit(auth, RUN, a.peer_id, now - 1)) == "admission certificate expired"
+    assert gate.why_not(a.peer_id, b"\x93garbage") == "malformed admission certificate"
+    gate.take_revocations([admission.revocation(c, RUN, [a.peer_id], now)])  # not the authority's: no effect
+    assert gate.why_not(a.peer_id, good) is None
+    gate.take_revocations([admission.revocation(auth, RUN, [a.peer_id], now)])
+    assert gate.why_not(a.peer_id, good) == "admission revoked"
+    gate.take_revocations([admission.revocation(auth, RUN, [], now - 10)])  # an older list does not undo it
+    assert gate.why_not(a.peer_id, good) == "admission revoked"
+    assert Gate(RUN, None, lambda: now).why_not(c.peer_id, b"") is None  # an open run
+
+
+@pytest.mark.swarm
+def test_an_intruder_is_nobody_and_a_revoked_peer_becomes_one(keys, tmp_path: Path) -> None:
+    """Real transports: a and b are admitted, c is not. c's member record and proposal are dropped, its
+    streams refused; once the authority revokes b (a signed list in the DHT), b is dropped the same way."""
+    auth = keys["authority"]
+    gate = lambda t: Gate(RUN, auth.public_der, t.now)  # noqa: E731
+    made: list[Transport] = []
+    try:
+        for name in ("a", "b", "c"):
+            cfg = SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+                              initial_peers=made[0].maddrs() if made else [])
+            t = Transport(cfg, load_or_create(tmp_path / f"{name}.key"))
+            made.append(t)
+            t.start()
+        a, b, c = made
+        certs = {t.peer_id: admission.admit(auth, RUN, t.peer_id, time.time() + 600) for t in (a, b)}
+        members = [Membership(t, t.identity, RUN, ttl=30.0, gate=gate(t), admission=certs.get(t.peer_id, b""))
+                   for t in made]
+        for t, m in zip(made, members):
+            t.admits = m.admitted
+        common = dict(round_=1, training=True, step_seconds=1.0, inner_steps=4, tokens_per_s=1.0, rejected=0,
+                      loss=None)
+        for m in members:
+            assert m.publish(**common)
+        ma, mb, mc = members
+        assert set(ma.members(max_age=0)) == {a.peer_id, b.peer_id}
+        assert mc.write("proposals", 1, Proposal(run_id=RUN, round=1, proposer=c.peer_id))
+        assert mb.write("proposals", 1, Proposal(run_id=RUN, round=1, proposer=b.peer_id))
+        assert [p.proposer for p in ma.read("proposals", 1, Proposal)] == [b.peer_id]
+        assert ma.bad_records.get(c.peer_id, 0) >= 1
+        # the same DHT read without the gate (an open run): c is a member and its proposal counts
+        open_view = Membership(a, a.identity, RUN, ttl=30.0)
+        assert c.peer_id in open_view.members(max_age=0)
+        assert sorted(p.proposer for p in open_view.read("proposals", 1, Proposal)) == sorted([b.peer_id, c.peer_id])
+        a.blobs.put("u/x", b"x" * 1000)
+        assert b.fetch([(a.peer_id, a.maddrs())], "u/x", max_bytes=10**6, deadline=time.monotonic() + 10) is not None
+        assert c.fetch([(a.peer_id, a.maddrs())], "u/x", max_bytes=10**6, deadline=time.monotonic() + 3) is None
+
+        # the authority revokes b; any peer may carry the signed list into the DHT
+        assert a.store(dht_key(RUN, "revocations"), admission.revocation(auth, RUN, [b.peer_id], a.now()), ttl=60)
+        ma._revocations_at = 0.0  # read at the next refresh (every 5 s otherwise)
+        assert set(ma.members(max_age=0)) == {a.peer_id}
+        assert ma.public_key(b.peer_id) is None  # b's records no longer verify here
+        assert b.fetch([(a.peer_id, a.maddrs())], "u/x", max_bytes=10**6, deadline=time.monotonic() + 3) is None
+    finally:
+        for t in made:
+            t.close()
+
+
+def test_admit_from_the_command_line_and_a_peer_without_a_certificate_does_not_start(keys, tmp_path: Path) -> None:
+    key = tmp_path / "authority.key"
+    key.write_bytes(keys["authority"].path.read_bytes())
+    done = gradnode("run", "init", "--out", str(tmp_path / "run.json"), "--authority-key", str(key), *SETS)
+    assert done.returncode == 0, done.stderr
+    run_id = done.stdout.strip().removeprefix("run id: ")
+    peer = keys["a"].peer_id
+    done = gradnode("admit", peer, "--genesis", str(tmp_path / "run.json"), "--authority-key", str(key),
+                    "--out", str(tmp_path / "a.cert"))
+    assert done.returncode == 0, done.stderr
+    gate = Gate(run_id, keys["authority"].public_der, time.time)
+    assert gate.why_not(peer, (tmp_path / "a.cert").read_bytes()) is None
+    other = tmp_path / "other.key"
+    other.write_bytes(keys["c"].path.read_bytes())
+    done = gradnode("admit", peer, "--genesis", str(tmp_path / "run.json"), "--authority-key", str(other),
+                    "--out", str(tmp_path / "b.cert"))
+    assert done.returncode == 2 and "is not the authority key" in done.stderr
+    # a peer of the permissioned run without a certificate stops before any network, saying what to ask for
+    done = gradnode("join", *SETS, "--genesis", str(tmp_path / "run.json"), "--output-dir", str(tmp_path / "p"),
+                    "--set=swarm.host_maddrs=[/ip4/127.0.0.1/tcp/0]", "--no-eval")
+    assert done.returncode == 2 and "admits only peers its authority certified" in done.stderr, done.stderr[-1500:]
+
+
+@pytest.mark.swarm
+def test_revoke_from_the_command_line_reaches_the_running_run(keys, tmp_path: Path) -> None:
+    key = tmp_path / "authority.key"
+    key.write_bytes(keys["authority"].path.read_bytes())
+    done = gradnode("run", "init", "--out", str(tmp_path / "run.json"), "--authority-key", str(key), *SETS)
+    run_id = done.stdout.strip().removeprefix("run id: ")
+    peer = Transport(SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"]), load_or_create(tmp_path / "peer.key"))
+    try:
+        peer.start()
+        for victims in ([keys["a"].peer_id], [keys["b"].peer_id]):  # the second call keeps the first one listed
+            done = gradnode("revoke", *victims, "--genesis", str(tmp_path / "run.json"), "--authority-key", str(key),
+                            "--initial-peer", peer.maddrs()[0])
+            assert done.returncode == 0, done.stderr[-1500:]
+        gate = Gate(run_id, keys["authority"].public_der, time.time)
+        gate.take_revocations([raw for _, raw in peer.get(dht_key(run_id, "revocations"))])
+        assert gate.revoked == {keys["a"].peer_id, keys["b"].peer_id}
+    finally:
+        peer.close()

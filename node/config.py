@@ -278,12 +278,13 @@ class SwarmConfig(_Section):
                             description="Reachable peers a client-mode peer pushes each of its updates to; they "
                                         "verify, hold and serve it for everyone else.")
     fault: Literal["none", "corrupt", "forge", "tamper_state", "drift", "tokens", "dense", "slowhold",
-                   "intruder"] = Field(
+                   "intruder", "pushflood"] = Field(
         "none", description="Testing aid: 'corrupt' flips bytes of this peer's updates, 'forge' signs them with "
                             "another key, 'tamper_state' offers altered weights under the honest hash, 'tokens' "
                             "declares 2^40 tokens per update, 'dense' sends its updates with the dense codec, "
                             "'slowhold' claims every announced update at once and serves at 128 B/s, 'intruder' "
-                            "joins a permissioned run without an admission certificate; "
+                            "joins a permissioned run without an admission certificate, 'pushflood' pushes forged "
+                            "copies of its update, its own name and others', to every peer each round; "
                             "honest peers must reject them. 'drift' nudges this peer's own weights once (at "
                             "fault_round): its hash check must notice and re-sync it from the majority.")
     fault_round: int = Field(1, ge=0, le=2**40, description="Testing aid: the round from which swarm.fault applies.")

@@ -81,3 +81,20 @@ def test_an_intruder_in_a_permissioned_run_counts_for_nothing(run_swarm, metrics
         log = (summary_dir(summary) / f"peer-{i}.log").read_text()
         assert f"member ignored peer={intruder[:12]} reason=no admission certificate" in log
     assert summary["val_loss_last"] < summary["val_loss_first"]
+
+
+def test_a_push_flood_is_bounded_by_the_quota_and_the_ignore_rule(run_swarm, metrics_of) -> None:
+    """pushflood: every round peer 3 pushes 6 copies of its update with a forged signature under its own name,
+    and one under each other peer's name, to every peer. Pushes of another's update are refused unread;
+    of its own, 3 a round get read; each fails its signature before any decoding, and after
+    swarm.ignore_after (3) rejections the sender is ignored: every honest peer counts exactly 3."""
+    summary = run_swarm(peers=4, rounds=5, faults="pushflood:3")
+    peers = summary["peers"]
+    assert [p["role"] for p in peers] == ["honest"] * 3 + ["pushflood"]
+    assert summary["live_peers"] == 3 and summary["identical_hashes"], explain(summary)
+    flooder = peers[3]["peer"]
+    for i, p in enumerate(peers[:3]):
+        assert p["rejected_by_sender"].get(flooder) == {"forged": 3}, p["rejected_by_sender"]
+        rows = metrics_of(summary, i)
+        assert sum(row["own_included"] is True for row in rows) >= 4, rows
+    assert summary["val_loss_last"] < summary["val_loss_first"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import explain
+
 pytestmark = pytest.mark.swarm
 
 
@@ -51,7 +53,10 @@ def test_a_diverged_peer_is_noticed_and_resynced(run_swarm) -> None:
     summary = run_swarm(peers=3, rounds=6, peer_overrides={2: ["swarm.fault=drift", "swarm.fault_round=1"]})
     honest, _, drifted = summary["peers"]
     assert drifted["hashes"]["1"] != honest["hashes"]["1"]
-    assert drifted["resyncs"] == 1 and honest["resyncs"] == 0
+    # repaired by the hash-mismatch re-sync, or (a drifted peer that fell a round behind on a loaded machine)
+    # by the newer state it takes to catch up: either way by adopting the majority's state, never by the
+    # honest peers moving
+    assert drifted["resyncs"] + drifted["state_downloads"] >= 1 and honest["resyncs"] == 0, explain(summary)
     assert summary["identical_hashes"] and drifted["param_hash"] == honest["param_hash"]
 
 

@@ -11,6 +11,8 @@
            | tokens:P[@rN]  adversary: P declares 2^40 tokens in its (validly signed) updates
            | dense:P[@rN]   adversary: P sends its updates with the dense codec in a sparse run
            | slowhold:P[@rN] adversary: P claims to hold every announced update and serves at 128 B/s
+           | pushflood:P[@rN] adversary: P pushes forged copies of its update (6 under its own name, one under
+                            each other peer's) to every peer each round
            | intruder:P     adversary: the run is permissioned (an authority admits every other peer) and P
                             joins without an admission certificate
            | slow:PxF       every inner step of P is F times slower (a straggler)
@@ -37,8 +39,10 @@ from gradnode.node.config import parse_rate
 
 LIFE = ("kill", "restart", "stop", "join")  # timed, on a process
 BEHAVIOUR = {"corrupt": "corrupt", "forge": "forge", "tamper": "tamper_state",  # timed, swarm.fault of a peer
-             "tokens": "tokens", "dense": "dense", "slowhold": "slowhold", "intruder": "intruder"}
-ADVERSARY = ("tokens", "dense", "slowhold", "intruder")  # behaviours whose round is optional (default: from the start)
+             "tokens": "tokens", "dense": "dense", "slowhold": "slowhold", "intruder": "intruder",
+             "pushflood": "pushflood"}
+# behaviours whose round is optional (default: from the start)
+ADVERSARY = ("tokens", "dense", "slowhold", "intruder", "pushflood")
 STATIC = ("slow", "bw", "client")
 NETWORK = ("partition", "heal")
 ORDER = ("partition", "heal", *LIFE)  # events of one round fire in this order

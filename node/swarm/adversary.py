@@ -64,6 +64,24 @@ def claim(sw: SwarmConfig, round_: int, blobs: Any, name: str, size: int) -> boo
     return True
 
 
+PUSHFLOOD_COPIES = 6  # forged pushes of its own update per target and round (the quota lets 3 through)
+
+
+def flood_pushes(sw: SwarmConfig, round_: int, blob: bytes, name: str, others: list[str],
+                 push: Callable[[str, bytes], int]) -> None:
+    """'pushflood': push PUSHFLOOD_COPIES copies of its update with a forged signature (random bytes where
+    the signature goes: only the signature check stops it) under its own name, and one under each other
+    peer's name; ``push(name, data)`` sends to every reachable peer."""
+    if sw.fault != "pushflood" or round_ < sw.fault_round:
+        return
+    sig_len = struct.unpack_from("<H", blob, 6)[0]
+    forged = blob[:8] + os.urandom(sig_len) + blob[8 + sig_len:]
+    for _ in range(PUSHFLOOD_COPIES):
+        push(name, forged)
+    for peer in others:
+        push(name.rsplit("/", 1)[0] + "/" + peer, forged)
+
+
 def offered_state(sw: SwarmConfig, round_: int, state: dict[str, Any]) -> dict[str, Any]:
     """'tamper_state': the shared state offered to joiners with one weight nudged (honest hash kept)."""
     if sw.fault != "tamper_state" or round_ < sw.fault_round:

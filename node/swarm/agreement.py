@@ -23,6 +23,7 @@ from typing import Callable
 import msgpack
 
 from gradnode.node.config import SwarmConfig
+from gradnode.node.swarm.clock import window_s
 from gradnode.node.swarm.membership import Membership
 from gradnode.protocol.records import Proposal, leader, pack, proposal_list_name
 
@@ -72,7 +73,7 @@ class Agreement:
     def decide(self, stop: threading.Event, tick: Callable[[], None]) -> Proposal | None:
         """The leader's proposal: the lowest eligible proposer id, waiting a grace period for lower ids
         that have not proposed yet. ``tick`` runs every poll (the exchange keeps fetching meanwhile)."""
-        window = max(self.cfg.min_deadline_s, (self.cfg.deadline_slack - 1.0) * self.round_seconds)
+        window = window_s(self.cfg, self.round_seconds)
         grace_end = time.monotonic() + max(self.cfg.commit_grace_s, window) + POLL_S
         hard_stop = time.monotonic() + self.cfg.max_wait_s
         if not self.eligible:

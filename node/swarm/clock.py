@@ -29,13 +29,18 @@ from gradnode.protocol.records import UpdateAnnouncement
 log = logging.getLogger(__name__)
 
 
+def window_s(cfg: SwarmConfig, round_seconds: float) -> float:
+    """A round's deadline window: (deadline_slack - 1) median rounds after its anchor, at least min_deadline_s."""
+    return max(cfg.min_deadline_s, (cfg.deadline_slack - 1.0) * round_seconds)
+
+
 def deadline_from(first_seen: dict[str, float], n_live: int, round_seconds: float, cfg: SwarmConfig) -> float | None:
     """Round deadline (monotonic seconds) once half the live training peers announced; None before."""
     k = max(1, math.ceil(n_live / 2))
     if len(first_seen) < k:
         return None
     anchor = sorted(first_seen.values())[k - 1]
-    return anchor + max(cfg.min_deadline_s, (cfg.deadline_slack - 1.0) * round_seconds)
+    return anchor + window_s(cfg, round_seconds)
 
 
 class Deadline:
@@ -74,7 +79,7 @@ class StopTime:
     def __init__(self, clock: "Clock", round_: int, predict: bool = True) -> None:
         round_s = clock.round_seconds()
         cfg = clock.cfg
-        self.window = max(cfg.min_deadline_s, (cfg.deadline_slack - 1.0) * round_s)
+        self.window = window_s(cfg, round_s)
         self.round_s = round_s
         self.current = Deadline(clock.members, cfg, clock.me, round_, round_s)
         self.previous = Deadline(clock.members, cfg, clock.me, round_ - 1, round_s) if predict and round_ > 0 \

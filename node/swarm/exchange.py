@@ -38,7 +38,7 @@ import msgpack
 from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm import adversary
 from gradnode.node.swarm.agreement import POLL_S, Agreement
-from gradnode.node.swarm.clock import deadline_from
+from gradnode.node.swarm.clock import deadline_from, window_s
 from gradnode.node.swarm.membership import Membership, kept_for_catchup
 from gradnode.node.swarm.rules import UpdateRules
 from gradnode.node.swarm.transport import Transport
@@ -239,15 +239,11 @@ class RoundExchange(threading.Thread):
 
     def _proposal_list(self, chosen: Proposal) -> list[tuple[str, str]] | None:
         """The leader's proposal spelled out, fetched from it and checked fingerprint for fingerprint."""
-        def exact(data: bytes) -> bool:
-            pairs = _pairs(data)
-            return pairs is not None and pack(pairs) == chosen.included
-
-        window = max(self.cfg.min_deadline_s, (self.cfg.deadline_slack - 1.0) * self.round_seconds)
         data = self.transport.fetch(self.members.sources([chosen.proposer]),
                                     proposal_list_name(self.run_id, self.round, chosen.proposer),
-                                    max_bytes=200 * MAX_PEERS_PER_ROUND, deadline=time.monotonic() + window,
-                                    verify=exact)
+                                    max_bytes=200 * MAX_PEERS_PER_ROUND,
+                                    deadline=time.monotonic() + window_s(self.cfg, self.round_seconds),
+                                    verify=lambda data: pack(_pairs(data) or []) == chosen.included)
         return None if data is None else _pairs(data)
 
     def _assemble(self, chosen: Proposal | None, t0: float) -> Outcome:
@@ -257,7 +253,7 @@ class RoundExchange(threading.Thread):
         missing = [(s, d) for s, d in included if s not in self.verified or self.verified[s].digest != d]
         # what the decided set holds is normally in hand by now; what is not, within a few deadline windows,
         # is out of reach (a holder gone, a split network): apply without it, and the hash check repairs
-        window = max(self.cfg.min_deadline_s, (self.cfg.deadline_slack - 1.0) * self.round_seconds)
+        window = window_s(self.cfg, self.round_seconds)
         hard_stop = time.monotonic() + min(self.cfg.max_wait_s, max(10.0, 4 * window))
         for sender, digest in missing:
             self.verified.pop(sender, None)

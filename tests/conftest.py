@@ -87,3 +87,26 @@ def explain(summary: dict[str, Any], tail: int = 25) -> str:
 @pytest.fixture
 def metrics_of() -> Callable[[dict[str, Any], int], list[dict[str, Any]]]:
     return swarm_metrics
+
+
+@pytest.fixture
+def trio(tmp_path: Path):
+    """Three real transports on 127.0.0.1, b and c bootstrapped from a; closed afterwards."""
+    from gradnode.node.config import SwarmConfig
+    from gradnode.node.swarm.identity import load_or_create
+    from gradnode.node.swarm.transport import Transport
+
+    made: list[Any] = []
+    try:
+        first = Transport(SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"]), load_or_create(tmp_path / "a"))
+        made.append(first)
+        first.start()
+        for name in ("b", "c"):
+            t = Transport(SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=first.maddrs()),
+                          load_or_create(tmp_path / name))
+            made.append(t)
+            t.start()
+        yield made
+    finally:
+        for t in made:
+            t.close()

@@ -15,24 +15,6 @@ from gradnode.node.swarm.transport import Transport
 pytestmark = pytest.mark.swarm
 
 
-@pytest.fixture
-def trio(tmp_path: Path):
-    made: list[Transport] = []
-    try:
-        first = Transport(SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"]), load_or_create(tmp_path / "a"))
-        made.append(first)
-        first.start()
-        for name in ("b", "c"):
-            t = Transport(SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=first.maddrs()),
-                          load_or_create(tmp_path / name))
-            made.append(t)
-            t.start()
-        yield made
-    finally:
-        for t in made:
-            t.close()
-
-
 def test_records_blobs_gossip_and_counters(trio) -> None:
     a, b, c = trio
     assert a.store("k", b"from-a", ttl=30) and b.store("k", b"from-b", ttl=30)

@@ -59,6 +59,13 @@ class Agreement:
         return any(p.proposer in who and p.proposer != self.me and not p.abstain
                    and (not me_eligible or p.proposer < self.me) for p in self.proposals())
 
+    def _passed_by(self) -> bool:
+        """Every other live trainer is two or more rounds past this one (it applied this round on its own
+        chain, or adopted a newer state): nobody will propose for it any more, so waiting out max_wait_s
+        would only leave this peer further behind. One peer claiming a far round is not enough: all must."""
+        others = [m for p, m in self.members.members().items() if m.training and p != self.me]
+        return bool(others) and all(m.round >= self.round + 2 for m in others)
+
     def propose(self, included: list[tuple[str, str]]) -> None:
         """Publish the (sender, digest) pairs this peer verified; nothing once it announced its departure
         (the others stopped waiting for it: a late proposal could split them)."""
@@ -90,6 +97,10 @@ class Agreement:
             now = time.monotonic()
             if best is not None and (not lower or now >= grace_end):
                 return best
+            if best is None and now >= grace_end and self._passed_by():
+                log.warning("round=%d: every other trainer is past it and nobody proposed; giving it up",
+                            self.round)
+                return None
             if best is None and now >= grace_end + window:
                 # no eligible peer proposed in two windows: they are gone (crashed, or the network split us
                 # from them). The live trainers that did propose lead instead, by the same rule.

@@ -13,6 +13,8 @@
            | slowhold:P[@rN] adversary: P claims to hold every announced update and serves at 128 B/s
            | pushflood:P[@rN] adversary: P pushes forged copies of its update (6 under its own name, one under
                             each other peer's) to every peer each round
+           | flood:P[@rN]   adversary: P runs 8 more identities of its own making (real DHT nodes, valid keys)
+                            that publish 'training' member records and never an update, and an oversized value
            | intruder:P     adversary: the run is permissioned (an authority admits every other peer) and P
                             joins without an admission certificate
            | slow:PxF       every inner step of P is F times slower (a straggler)
@@ -40,9 +42,9 @@ from gradnode.node.config import parse_rate
 LIFE = ("kill", "restart", "stop", "join")  # timed, on a process
 BEHAVIOUR = {"corrupt": "corrupt", "forge": "forge", "tamper": "tamper_state",  # timed, swarm.fault of a peer
              "tokens": "tokens", "dense": "dense", "slowhold": "slowhold", "intruder": "intruder",
-             "pushflood": "pushflood"}
+             "pushflood": "pushflood", "flood": "flood"}
 # behaviours whose round is optional (default: from the start)
-ADVERSARY = ("tokens", "dense", "slowhold", "intruder", "pushflood")
+ADVERSARY = ("tokens", "dense", "slowhold", "intruder", "pushflood", "flood")
 STATIC = ("slow", "bw", "client")
 NETWORK = ("partition", "heal")
 ORDER = ("partition", "heal", *LIFE)  # events of one round fire in this order

@@ -97,3 +97,45 @@ def drift(sw: SwarmConfig, round_: int, engine: Any) -> None:
     must notice and re-sync it from the majority."""
     if sw.fault == "drift" and round_ == sw.fault_round:
         engine.global_params[engine.names[0]].add_(1e-3)
+
+
+FLOOD_KEYS = 8  # identities the 'flood' attacker makes in bulk: more than the honest peers of a test swarm
+OVERSIZED_BYTES = 30 * 1024  # a members value past the 16 KiB record limit (the DHT itself takes 32 KiB)
+
+
+class Sybils:
+    """'flood': FLOOD_KEYS identities of the attacker's own making, each a real DHT node in its process
+    (its own key, so every record it signs is valid), each publishing a 'training' member record 1000
+    rounds ahead of the attacker every heartbeat, and never an update; the first also stores an oversized value under
+    the members key. ``for_peer`` returns None for every other fault."""
+
+    def __init__(self, sw: SwarmConfig, run_id: str, output_dir: Path, initial: list[str]) -> None:
+        from gradnode.node.swarm.membership import Membership
+        from gradnode.node.swarm.transport import Transport
+
+        self.run_id, self.members, self.transports = run_id, [], []
+        cfg = sw.model_copy(update={"initial_peers": initial, "host_maddrs": ["/ip4/127.0.0.1/tcp/0"],
+                                    "announce_maddrs": [], "fault": "none"})
+        for k in range(FLOOD_KEYS):
+            t = Transport(cfg, load_or_create(output_dir / f"sybil-{k}.key"))
+            self.transports.append(t)
+            t.start()
+            self.members.append(Membership(t, t.identity, run_id, sw.record_ttl_s))
+        self.publish(0)  # in sight before the first round, and then every heartbeat
+
+    @classmethod
+    def for_peer(cls, sw: SwarmConfig, run_id: str, output_dir: Path, initial: list[str]) -> "Sybils | None":
+        return cls(sw, run_id, output_dir, initial) if sw.fault == "flood" else None
+
+    def publish(self, round_: int) -> None:
+        from gradnode.protocol.records import dht_key
+
+        for m in self.members:  # rounds far ahead: always among those that "kept up" (round >= r - 1)
+            m.publish(round_=round_ + 1000, training=True, step_seconds=1.0, inner_steps=10, tokens_per_s=1e4,
+                      rejected=0, loss=1.0)
+        self.transports[0].store(dht_key(self.run_id, "members"), os.urandom(OVERSIZED_BYTES),
+                                 self.members[0].ttl)
+
+    def close(self) -> None:
+        for t in self.transports:
+            t.close()

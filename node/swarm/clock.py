@@ -3,7 +3,9 @@
 The swarm has no shared clock. A round's deadline is read off the DHT: once half the live training
 peers have announced their update for round r (the anchor), the round closes ``(slack - 1) x`` the
 median peer's round time later (at least ``min_deadline_s``). Each peer times those announcements
-on its own monotonic clock, from the age the DHT gives them.
+on its own monotonic clock, from the age the DHT gives them. "Live training peers" are those that
+work (``Membership.counted``): the last round's senders and this round's announcers, so that member
+records of keys made in bulk, which never send an update, cannot keep a deadline from starting.
 
 A peer stops its inner steps half a deadline window before that deadline, which leaves time to apply
 the previous round and announce; a slow peer so runs fewer steps instead of stalling the others.
@@ -65,8 +67,9 @@ class Deadline:
             # sees the deadline already passed and cuts its round short to catch up
             age = min(max(0.0, dht_now - ann.time), 600.0)
             seen.setdefault(ann.sender, now - age)
+        counts = self.members.counted(seen)
         live = 1 + sum(1 for p, m in self.members.members().items()
-                       if m.training and p != self.me and m.round >= self.round - 1)
+                       if m.training and p != self.me and m.round >= self.round - 1 and counts(p))
         return seen, live
 
     def update(self, seen: dict[str, float], live: int) -> None:

@@ -206,8 +206,11 @@ class RoundExchange(threading.Thread):
         hard_stop = time.monotonic() + self.cfg.max_wait_s
         while not self.stop_event.is_set() and time.monotonic() < hard_stop:
             self._tick()
-            # live trainers: fresh records that kept up (a silent peer's record stays at its last round)
-            live = {p for p, m in self.members.members().items() if m.training and m.round >= self.round - 1}
+            # live trainers: fresh records that kept up (a silent peer's record stays at its last round), of
+            # peers that work (Membership.counted: the last round's senders and this round's announcers)
+            counts = self.members.counted(self.announced)
+            live = {p for p, m in self.members.members().items()
+                    if m.training and m.round >= self.round - 1 and counts(p)}
             live = (live - {self.me}) | self._me_if_sender()
             deadline = deadline_from(self.first_seen, len(live), self.round_seconds, self.cfg)
             everyone = live <= set(self.verified)

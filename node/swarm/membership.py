@@ -12,6 +12,7 @@ import logging
 import statistics
 import threading
 import time
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from gradnode.node import __version__
@@ -61,6 +62,8 @@ class Membership:
         self.heartbeat_s = min(10.0, ttl / 3)
         self.fresh_s = 3 * self.heartbeat_s
         self._changed: dict[str, tuple[float, float]] = {}  # peer -> (record time, our monotonic time it changed)
+        # who showed work: the senders of the last round this peer applied (set by the peer); () before any
+        self.workers: Callable[[], Iterable[str]] = tuple
 
     def sign(self, record: R) -> R:
         return record.signed(self.identity.sign(record.signing_bytes()))
@@ -197,10 +200,23 @@ class Membership:
     def write(self, what: str, round_: int | None, rec: Record, ttl: float | None = None) -> bool:
         return self.transport.store(dht_key(self.run_id, what, round_), self.sign(rec).to_bytes(), ttl or self.ttl)
 
+    def counted(self, also: Iterable[str] = ()) -> Callable[[str], bool]:
+        """Whose training record sets the pace and holds a deadline off: the senders of the last round this
+        peer applied, and ``also`` (this round's announcers); everyone's before any round is known. A key
+        costs nothing to make: records of keys that never send an update are members, but nobody waits
+        for them (a Sybil flood of 'training' records would otherwise keep every deadline from starting)."""
+        workers = set(self.workers())
+        if not workers:
+            return lambda peer: True
+        workers.update(also)
+        return workers.__contains__
+
     def round_seconds(self, own: float) -> float:
-        """Median full-round compute time among live training peers (``own`` when nobody reports one)."""
-        times = [m.step_seconds * m.inner_steps for m in self.members().values()
-                 if m.training and m.step_seconds > 0 and m.inner_steps > 0]
+        """Median full-round compute time among the counted live training peers (``own`` when nobody
+        reports one)."""
+        counts = self.counted()
+        times = [m.step_seconds * m.inner_steps for p, m in self.members().items()
+                 if m.training and m.step_seconds > 0 and m.inner_steps > 0 and counts(p)]
         return statistics.median(times) if times else own
 
     def sources(self, peer_ids: list[str]) -> list[tuple[str, list[str]]]:

@@ -77,6 +77,7 @@ class Peer:
         self.peer_index = peer_index if peer_index is not None else shard_of(self.identity.peer_id)
         self.transport = Transport(self.sw, self.identity)
         self.membership: Membership | None = None
+        self.sybils: adversary.Sybils | None = None  # the 'flood' testing aid only
         self.engine: Engine | None = None
         self.stop, self.leaving = threading.Event(), threading.Event()
         self.rejections = Rejections(self.sw.ignore_after, self.sw.ignore_rounds)
@@ -112,6 +113,9 @@ class Peer:
         self.membership = Membership(self.transport, self.identity, self.cfg.run.run_id, self.sw.record_ttl_s,
                                      gate=gate, admission=cert)
         self.transport.admits = self.membership.admitted
+        self.membership.workers = lambda: self.history.senders  # whose records set the pace (Membership.counted)
+        self.sybils = adversary.Sybils.for_peer(self.sw, self.cfg.run.run_id, self.cfg.run.output_dir,
+                                                self.transport.maddrs())
         self.clock = Clock(self.membership, self.sw, self.identity.peer_id, self.cfg.inner.steps, self.stop)
         self.chores = Chores(cfg=self.cfg, members=self.membership, transport=self.transport, phases=self.phases,
                              publish_member=lambda: self._publish_member(training=True), save=self._save_checkpoint,
@@ -144,6 +148,8 @@ class Peer:
             if self.membership is not None:
                 self._publish_member(training=False, leaving=True)
         finally:
+            if self.sybils is not None:
+                self.sybils.close()
             self.transport.close()
 
     def serve(self) -> None:
@@ -156,6 +162,8 @@ class Peer:
         not depend on how long a round takes), re-dial the known peers no longer in sight, write health."""
         while not until.wait(min(HEARTBEAT_S, self.sw.record_ttl_s / 3)):  # = Membership.heartbeat_s
             self._publish_member(training=training)
+            if self.sybils is not None:
+                self.sybils.publish(self.engine.round if self.engine else 0)
             try:
                 self._keep_connected()
             except Exception as err:  # a DHT hiccup must not end the heartbeat

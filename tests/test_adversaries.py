@@ -46,14 +46,16 @@ def test_a_slow_holder_costs_the_honest_peers_little(run_swarm, metrics_of, floo
     swarm.min_stream_bytes_per_s (16 KB/s after a first second) a fetch that hits it is dropped within
     about a second and the holder is tried last for a minute. Without the floor (0) each such fetch
     waits for the whole blob or the 10 s stall timeout. Measured here: with the floor, a round's wait
-    2.2-2.6 s, every honest update in every round, one hash; without it, 7 of 12 peer-rounds stalled
-    for 10 s (whether a fetch meets the slow holder first depends on when its holdings are read: the
+    2.2-2.6 s, every honest update in every round, one hash; without it, 6 of 9 peer-rounds after the
+    first stalled for 10 s (whether a fetch meets the slow holder first depends on when its holdings are read: the
     median peer-round stalled in one run, not in another), honest updates left out, several hashes."""
     rounds = 6 if floor else 4
     summary = run_swarm(peers=4, rounds=rounds, faults="slowhold:3", extra=[f"swarm.min_stream_bytes_per_s={floor}"])
     peers = summary["peers"]
     assert [p["role"] for p in peers] == ["honest"] * 3 + ["slowhold"]
-    rows = [row for i in range(3) for row in metrics_of(summary, i)]
+    # round 0 left out: the first decision (every live record eligible, all peers starting) once took 11 s
+    # for all three honest peers, with the floor as without it
+    rows = [row for i in range(3) for row in metrics_of(summary, i) if row["round"] >= 1]
     waits = sorted(row["wait_s"] for row in rows)
     stalled = sum(w > 8.0 for w in waits)  # peer-rounds that waited out the stall timeout
     own = sum(row["own_included"] is True for row in rows)
@@ -72,7 +74,8 @@ def test_a_flood_of_member_records_holds_no_deadline_off(run_swarm, metrics_of) 
     deadline that 4 real peers never give: measured before Membership.counted, every round of every
     honest peer ran to swarm.max_wait_s (20 s here): 15.6-22.2 s. Counting only the last round's senders
     and this round's announcers, round 0 (nobody has sent yet: every record counts) still waits, 25 s;
-    rounds 1-4 took 1.3-2.3 s, every honest update in, one hash."""
+    rounds 1-4 took 2.4-2.8 s (they run to their deadline while trainers that are not counted are in
+    sight, as for a newcomer), every honest update in, one hash."""
     summary = run_swarm(peers=4, rounds=5, faults="flood:3", extra=["swarm.max_wait_s=20"])
     peers = summary["peers"]
     assert [p["role"] for p in peers] == ["honest"] * 3 + ["flood"]

@@ -97,10 +97,6 @@ class Agreement:
             now = time.monotonic()
             if best is not None and (not lower or now >= grace_end):
                 return best
-            if best is None and now >= grace_end and self._passed_by():
-                log.warning("round=%d: every other trainer is past it and nobody proposed; giving it up",
-                            self.round)
-                return None
             if best is None and now >= grace_end + window:
                 # no eligible peer proposed in two windows: they are gone (crashed, or the network split us
                 # from them). The live trainers that did propose lead instead, by the same rule.
@@ -110,6 +106,10 @@ class Agreement:
                     log.warning("round=%d: none of the %d eligible leaders proposed; %s leads among the live",
                                 self.round, len(self.eligible), best.proposer[:12])
                     return best
+                if self._passed_by():
+                    log.warning("round=%d: every other trainer is past it and nobody proposed; giving it up",
+                                self.round)
+                    return None
             if now >= hard_stop:
                 return best
             time.sleep(POLL_S)

@@ -207,13 +207,15 @@ class RoundExchange(threading.Thread):
         while not self.stop_event.is_set() and time.monotonic() < hard_stop:
             self._tick()
             # live trainers: fresh records that kept up (a silent peer's record stays at its last round), of
-            # peers that work (Membership.counted: the last round's senders and this round's announcers)
+            # peers that work (Membership.counted: the last round's senders and this round's announcers).
+            # Another trainer (a newcomer, or a key made in bulk) holds no deadline off, but while one is in
+            # sight the round runs to its deadline: a newcomer's first update gets the window to arrive in
             counts = self.members.counted(self.announced)
-            live = {p for p, m in self.members.members().items()
-                    if m.training and m.round >= self.round - 1 and counts(p)}
-            live = (live - {self.me}) | self._me_if_sender()
+            trainers = {p for p, m in self.members.members().items()
+                        if m.training and m.round >= self.round - 1 and p != self.me}
+            live = {p for p in trainers if counts(p)} | self._me_if_sender()
             deadline = deadline_from(self.first_seen, len(live), self.round_seconds, self.cfg)
-            everyone = live <= set(self.verified)
+            everyone = live <= set(self.verified) and trainers <= live
             late = deadline is not None and time.monotonic() >= deadline
             if everyone or late or self.agreement.decided_elsewhere(live):
                 log.info("collect done round=%d verified=%d live=%d why=%s", self.round, len(self.verified),

@@ -621,7 +621,7 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=64, me
                      None, "--faults", metavar="SPEC",
                      help="Fault schedule, e.g. kill:2@r3,restart:2@r5,join:5@r2,slow:1x5,bw:3=1mbit,corrupt:4@r2 "
                           "(actions: kill restart stop join corrupt forge tamper slow bw client partition heal; "
-                          "adversaries: tokens dense slowhold pushflood intruder flood; peer '?' = picked by --seed)."),
+                          "adversaries: tokens dense slowhold pushflood intruder flood replayleave; peer '?' = picked by --seed)."),
                  seed: Optional[int] = typer.Option(None, "--seed", min=0, metavar="N", help="run.seed, and the "
                                                     "picks of '?' in --faults: the same seed gives the same run."),
                  timeout: float = typer.Option(3600.0, "--timeout", min=10.0, metavar="SECONDS",

@@ -278,7 +278,7 @@ class SwarmConfig(_Section):
                             description="Reachable peers a client-mode peer pushes each of its updates to; they "
                                         "verify, hold and serve it for everyone else.")
     fault: Literal["none", "corrupt", "forge", "tamper_state", "drift", "tokens", "dense", "slowhold",
-                   "intruder", "pushflood", "flood"] = Field(
+                   "intruder", "pushflood", "flood", "replayleave"] = Field(
         "none", description="Testing aid: 'corrupt' flips bytes of this peer's updates, 'forge' signs them with "
                             "another key, 'tamper_state' offers altered weights under the honest hash, 'tokens' "
                             "declares 2^40 tokens per update, 'dense' sends its updates with the dense codec, "
@@ -286,7 +286,8 @@ class SwarmConfig(_Section):
                             "joins a permissioned run without an admission certificate, 'pushflood' pushes forged "
                             "copies of its update, its own name and others', to every peer each round, 'flood' "
                             "publishes 'training' member records of 8 keys it made (and an oversized value) that "
-                            "never send an update; honest peers must reject them or bound what they cost. 'drift' "
+                            "never send an update, 'replayleave' stores other peers' old signed 'leaving' records again "
+                            "under keys of its own; honest peers must reject them or bound what they cost. 'drift' "
                             "nudges this peer's own weights once (at fault_round): its hash check must notice and "
                             "re-sync it from the majority.")
     fault_round: int = Field(1, ge=0, le=2**40, description="Testing aid: the round from which swarm.fault applies.")

@@ -15,6 +15,8 @@
                             each other peer's) to every peer each round
            | flood:P[@rN]   adversary: P runs 8 more identities of its own making (real DHT nodes, valid keys)
                             that publish 'training' member records and never an update, and an oversized value
+           | replayleave:P[@rN] adversary: P stores every other peer's newest signed 'leaving' record again,
+                            each under a key of its own making (pair it with stop:X and restart:X)
            | intruder:P     adversary: the run is permissioned (an authority admits every other peer) and P
                             joins without an admission certificate
            | slow:PxF       every inner step of P is F times slower (a straggler)
@@ -42,9 +44,9 @@ from gradnode.node.config import parse_rate
 LIFE = ("kill", "restart", "stop", "join")  # timed, on a process
 BEHAVIOUR = {"corrupt": "corrupt", "forge": "forge", "tamper": "tamper_state",  # timed, swarm.fault of a peer
              "tokens": "tokens", "dense": "dense", "slowhold": "slowhold", "intruder": "intruder",
-             "pushflood": "pushflood", "flood": "flood"}
+             "pushflood": "pushflood", "flood": "flood", "replayleave": "replayleave"}
 # behaviours whose round is optional (default: from the start)
-ADVERSARY = ("tokens", "dense", "slowhold", "intruder", "pushflood", "flood")
+ADVERSARY = ("tokens", "dense", "slowhold", "intruder", "pushflood", "flood", "replayleave")
 STATIC = ("slow", "bw", "client")
 NETWORK = ("partition", "heal")
 ORDER = ("partition", "heal", *LIFE)  # events of one round fire in this order

@@ -103,29 +103,40 @@ FLOOD_KEYS = 8  # identities the 'flood' attacker makes in bulk: more than the h
 OVERSIZED_BYTES = 30 * 1024  # a members value past the 16 KiB record limit (the DHT itself takes 32 KiB)
 
 
+def _own_node(sw: SwarmConfig, output_dir: Path, name: str, initial: list[str]) -> Any:
+    """One more identity of the attacker's own making: a real DHT node in its process, with its own key."""
+    from gradnode.node.swarm.transport import Transport
+
+    cfg = sw.model_copy(update={"initial_peers": initial, "host_maddrs": ["/ip4/127.0.0.1/tcp/0"],
+                                "announce_maddrs": [], "fault": "none"})
+    t = Transport(cfg, load_or_create(output_dir / f"{name}.key"))
+    t.start()
+    return t
+
+
+def sybils(sw: SwarmConfig, run_id: str, output_dir: Path, transport: Any) -> "Sybils | Replayer | None":
+    """The extra identities of the 'flood' and 'replayleave' attackers, bootstrapped through the attacker's
+    own ``transport`` (None for every other fault); the peer calls ``publish(round)`` every heartbeat and
+    ``close()`` at its end."""
+    if sw.fault == "flood":
+        return Sybils(sw, run_id, output_dir, transport.maddrs())
+    if sw.fault == "replayleave":
+        return Replayer(sw, run_id, output_dir, transport)
+    return None
+
+
 class Sybils:
-    """'flood': FLOOD_KEYS identities of the attacker's own making, each a real DHT node in its process
-    (its own key, so every record it signs is valid), each publishing a 'training' member record 1000
-    rounds ahead of the attacker every heartbeat, and never an update; the first also stores an oversized value under
-    the members key. ``for_peer`` returns None for every other fault."""
+    """'flood': FLOOD_KEYS identities of the attacker's own making, each publishing a 'training' member
+    record 1000 rounds ahead of the attacker every heartbeat, and never an update (every record is
+    validly signed: each has its own key); the first also stores an oversized value under the members key."""
 
     def __init__(self, sw: SwarmConfig, run_id: str, output_dir: Path, initial: list[str]) -> None:
         from gradnode.node.swarm.membership import Membership
-        from gradnode.node.swarm.transport import Transport
 
-        self.run_id, self.members, self.transports = run_id, [], []
-        cfg = sw.model_copy(update={"initial_peers": initial, "host_maddrs": ["/ip4/127.0.0.1/tcp/0"],
-                                    "announce_maddrs": [], "fault": "none"})
-        for k in range(FLOOD_KEYS):
-            t = Transport(cfg, load_or_create(output_dir / f"sybil-{k}.key"))
-            self.transports.append(t)
-            t.start()
-            self.members.append(Membership(t, t.identity, run_id, sw.record_ttl_s))
+        self.run_id = run_id
+        self.transports = [_own_node(sw, output_dir, f"sybil-{k}", initial) for k in range(FLOOD_KEYS)]
+        self.members = [Membership(t, t.identity, run_id, sw.record_ttl_s) for t in self.transports]
         self.publish(0)  # in sight before the first round, and then every heartbeat
-
-    @classmethod
-    def for_peer(cls, sw: SwarmConfig, run_id: str, output_dir: Path, initial: list[str]) -> "Sybils | None":
-        return cls(sw, run_id, output_dir, initial) if sw.fault == "flood" else None
 
     def publish(self, round_: int) -> None:
         from gradnode.protocol.records import dht_key
@@ -138,4 +149,48 @@ class Sybils:
 
     def close(self) -> None:
         for t in self.transports:
+            t.close()
+
+
+class Replayer:
+    """'replayleave': keeps the newest signed 'leaving' member record of every other peer it sees (read
+    every half second: a peer that stops and comes back publishes one for seconds only), and stores it
+    again every heartbeat, each under a key of its own making (one DHT subkey per key; a peer's own
+    subkey only its key can write). Without the owner check every peer would take the returned peer for
+    gone while the record is young (record_ttl_s)."""
+
+    def __init__(self, sw: SwarmConfig, run_id: str, output_dir: Path, transport: Any) -> None:
+        import threading
+
+        self.sw, self.run_id, self.output_dir, self.transport = sw, run_id, output_dir, transport
+        self.kept: dict[str, tuple[float, bytes]] = {}  # peer -> (record time, its signed leaving record)
+        self.carriers: dict[str, Any] = {}  # peer -> the transport whose key stores its replay
+        self._closed = threading.Event()
+        threading.Thread(target=self._watch, name="replayer", daemon=True).start()
+
+    def _watch(self) -> None:
+        from gradnode.protocol.records import MemberRecord, RecordError, dht_key
+
+        while not self._closed.wait(0.5):
+            for owner, raw in self.transport.get(dht_key(self.run_id, "members")):
+                try:
+                    rec = MemberRecord.from_bytes(raw)
+                except RecordError:
+                    continue
+                if rec.leaving and owner == rec.peer_id != self.transport.peer_id \
+                        and rec.time > self.kept.get(owner, (0.0,))[0]:
+                    self.kept[owner] = (rec.time, raw)
+
+    def publish(self, round_: int) -> None:
+        from gradnode.protocol.records import dht_key
+
+        for peer, (_, raw) in list(self.kept.items()):
+            if peer not in self.carriers:
+                self.carriers[peer] = _own_node(self.sw, self.output_dir, f"replayer-{len(self.carriers)}",
+                                                self.transport.maddrs())
+            self.carriers[peer].store(dht_key(self.run_id, "members"), raw, self.sw.record_ttl_s)
+
+    def close(self) -> None:
+        self._closed.set()
+        for t in self.carriers.values():
             t.close()

@@ -77,7 +77,7 @@ class Peer:
         self.peer_index = peer_index if peer_index is not None else shard_of(self.identity.peer_id)
         self.transport = Transport(self.sw, self.identity)
         self.membership: Membership | None = None
-        self.sybils: adversary.Sybils | None = None  # the 'flood' testing aid only
+        self.sybils: adversary.Sybils | adversary.Replayer | None = None  # 'flood', 'replayleave' only
         self.engine: Engine | None = None
         self.stop, self.leaving = threading.Event(), threading.Event()
         self.rejections = Rejections(self.sw.ignore_after, self.sw.ignore_rounds)
@@ -114,8 +114,7 @@ class Peer:
                                      gate=gate, admission=cert)
         self.transport.admits = self.membership.admitted
         self.membership.workers = lambda: self.history.senders  # whose records set the pace (Membership.counted)
-        self.sybils = adversary.Sybils.for_peer(self.sw, self.cfg.run.run_id, self.cfg.run.output_dir,
-                                                self.transport.maddrs())
+        self.sybils = adversary.sybils(self.sw, self.cfg.run.run_id, self.cfg.run.output_dir, self.transport)
         self.clock = Clock(self.membership, self.sw, self.identity.peer_id, self.cfg.inner.steps, self.stop)
         self.chores = Chores(cfg=self.cfg, members=self.membership, transport=self.transport, phases=self.phases,
                              publish_member=lambda: self._publish_member(training=True), save=self._save_checkpoint,
@@ -563,7 +562,7 @@ class Peer:
             "rejected": self.rejections.total(), "resyncs": t.resyncs, "catchups": t.catchups,
             "joined_round": t.joined_round, "step_ratio": round(self.engine.last_step_ratio, 6),
             "skipped_steps": self.engine.skipped_steps, "ignoring": self.rejections.ignored(round_),
-            "phase_s": self.phases.totals(), "time": time.time()})
+            "phase_s": self.phases.totals(), "leaving": sorted(self.membership.leaving()), "time": time.time()})
 
     def _summary(self, wall: float) -> PeerSummary:
         t, tr, n = self.tally, self.transport, max(1, self.tally.rounds_done)

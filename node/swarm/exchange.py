@@ -210,9 +210,12 @@ class RoundExchange(threading.Thread):
             # peers that work (Membership.counted: the last round's senders and this round's announcers).
             # Another trainer (a newcomer, or a key made in bulk) holds no deadline off, but while one is in
             # sight the round runs to its deadline: a newcomer's first update gets the window to arrive in
-            counts = self.members.counted(self.announced)
+            # The last round's senders count whatever round their record says: records go out after a
+            # round's chores, and in rounds of a fraction of a second they lag two rounds (with the filter
+            # alone a peer once saw nobody but itself, took that for everyone in, and diverged).
+            counts, sent_last = self.members.counted(self.announced), self.members.counted()
             trainers = {p for p, m in self.members.members().items()
-                        if m.training and m.round >= self.round - 1 and p != self.me}
+                        if m.training and (m.round >= self.round - 1 or sent_last(p)) and p != self.me}
             live = {p for p in trainers if counts(p)} | self._me_if_sender()
             deadline = deadline_from(self.first_seen, len(live), self.round_seconds, self.cfg)
             everyone = live <= set(self.verified) and trainers <= live

@@ -67,10 +67,7 @@ class Deadline:
             # sees the deadline already passed and cuts its round short to catch up
             age = min(max(0.0, dht_now - ann.time), 600.0)
             seen.setdefault(ann.sender, now - age)
-        counts, sent_last = self.members.counted(seen), self.members.counted()  # as in RoundExchange._collect
-        live = 1 + sum(1 for p, m in self.members.members().items()
-                       if m.training and p != self.me and (m.round >= self.round - 1 or sent_last(p)) and counts(p))
-        return seen, live
+        return seen, 1 + len(self.members.keeping_up(self.round, seen)[1])
 
     def update(self, seen: dict[str, float], live: int) -> None:
         self.seen, self.live = seen, live

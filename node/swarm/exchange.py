@@ -206,17 +206,12 @@ class RoundExchange(threading.Thread):
         hard_stop = time.monotonic() + self.cfg.max_wait_s
         while not self.stop_event.is_set() and time.monotonic() < hard_stop:
             self._tick()
-            # live trainers: fresh records that kept up (a silent peer's record stays at its last round), of
-            # peers that work (Membership.counted: the last round's senders and this round's announcers).
-            # Another trainer (a newcomer, or a key made in bulk) holds no deadline off, but while one is in
-            # sight the round runs to its deadline: a newcomer's first update gets the window to arrive in
-            # The last round's senders count whatever round their record says: records go out after a
-            # round's chores, and in rounds of a fraction of a second they lag two rounds (with the filter
-            # alone a peer once saw nobody but itself, took that for everyone in, and diverged).
-            counts, sent_last = self.members.counted(self.announced), self.members.counted()
-            trainers = {p for p, m in self.members.members().items()
-                        if m.training and (m.round >= self.round - 1 or sent_last(p)) and p != self.me}
-            live = {p for p in trainers if counts(p)} | self._me_if_sender()
+            # live: the counted trainers keeping up (Membership.keeping_up: the last round's senders and this
+            # round's announcers). Another trainer (a newcomer, or a key made in bulk) holds no deadline off,
+            # but while one is in sight the round runs to its deadline: a newcomer's first update gets the
+            # window to arrive in
+            trainers, live = self.members.keeping_up(self.round, self.announced)
+            live |= self._me_if_sender()
             deadline = deadline_from(self.first_seen, len(live), self.round_seconds, self.cfg)
             everyone = live <= set(self.verified) and trainers <= live
             late = deadline is not None and time.monotonic() >= deadline

@@ -211,6 +211,16 @@ class Membership:
         workers.update(also)
         return workers.__contains__
 
+    def keeping_up(self, round_: int, announced: Iterable[str] = ()) -> tuple[set[str], set[str]]:
+        """The other training peers keeping up with ``round_`` (a record of round ``round_ - 1`` or later: a
+        silent peer's record stays at its last round; or a sender of the last round, whatever its record
+        says: records go out after a round's chores, and in rounds of a fraction of a second they lag two
+        rounds), and those of them that are counted (``counted(announced)``)."""
+        counts, sent_last = self.counted(announced), self.counted()
+        trainers = {p for p, m in self.members().items()
+                    if m.training and p != self.identity.peer_id and (m.round >= round_ - 1 or sent_last(p))}
+        return trainers, {p for p in trainers if counts(p)}
+
     def round_seconds(self, own: float) -> float:
         """Median full-round compute time among the counted live training peers (``own`` when nobody
         reports one)."""

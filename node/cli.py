@@ -26,7 +26,7 @@ from rich.console import Console
 from typer.core import TyperCommand, TyperGroup
 
 from gradnode.node import __version__
-from gradnode.node.config import Config, ConfigError, format_validation, load_config, parse_override
+from gradnode.node.config import Config, ConfigError, load_config, parse_override
 
 ERR = Console(stderr=True)  # logs, progress bars and live views share it, so they never break each other
 
@@ -141,6 +141,14 @@ def _setup_logging(verbose: bool) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler], force=True)
 
+
+
+def _quiet_logging(verbose: bool) -> None:
+    """Plain timestamped warnings on stderr (benchmarks that draw their own progress), everything with
+    --verbose."""
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, handlers=[handler], force=True)
 
 @contextlib.contextmanager
 def _user_errors(verbose: bool) -> Iterator[None]:
@@ -397,6 +405,115 @@ def _stop_on_first_sigint(stop: threading.Event) -> Any:
     return handler
 
 
+# --- export and evaluation ---
+
+CheckpointArg = typer.Argument(..., metavar="CHECKPOINT", help="A checkpoint folder (round-NNNNNNNN), or a "
+                               "checkpoints/ folder or run folder: then its newest checkpoint that verifies.")
+RestoreConfigOpt = typer.Option(None, "--config", "-c", metavar="FILE", help="Rebuild the model from this config "
+                                "instead of the one the checkpoint stores (needed for checkpoints that store none); "
+                                "its model must fit the weights.")
+FORMATS = ("auto", "safetensors", "hf")
+
+
+def _restore(checkpoint: Path, config: Optional[Path], set_: Optional[list[str]]) -> Any:
+    """The checkpoint's agreed weights in a model; says which checkpoint was taken and whose config built it."""
+    from gradnode.node.train.restore import restore
+
+    restored = restore(checkpoint, config, dict(parse_override(o) for o in set_ or []))
+    for why in restored.skipped:
+        _say(f"skipped: {why}")
+    _say(f"checkpoint: {restored.path} (round {restored.round} of run {restored.run_id}; model config from "
+         f"{restored.config_source})")
+    return restored
+
+
+@command("export")
+def export_cmd(checkpoint: Path = CheckpointArg,
+               fmt: str = typer.Option("auto", "--format", "-f", metavar="FORMAT", help="safetensors: the built-in "
+                                       "GPT's weights (model.safetensors, tied weights once) and config.json; hf: a "
+                                       "folder that transformers' AutoModelForCausalLM.from_pretrained loads (needs "
+                                       "transformers; the built-in GPT becomes a GPT2LMHeadModel); auto: safetensors "
+                                       "for model.kind gpt, hf for kind hf."),
+               out: Path = typer.Option(..., "--out", "-o", metavar="DIR", help="A new or empty folder to write."),
+               config: Optional[Path] = RestoreConfigOpt, set_: Optional[list[str]] = SetOpt,
+               as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+               verbose: bool = VerboseOpt) -> None:
+    """Export a checkpoint's agreed weights (the weights every peer held after its round, not a peer's own
+    unfinished progress) for use outside gradnode, with the run id, round and weights hash."""
+    _setup_logging(verbose)
+    logging.getLogger().setLevel(logging.DEBUG if verbose else logging.WARNING)
+    with _user_errors(verbose):
+        if fmt not in FORMATS:
+            raise ValueError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
+        from gradnode.node.train.export import export, require_transformers
+
+        if fmt == "hf":
+            require_transformers()  # before any work
+        restored = _restore(checkpoint, config, set_)
+        result = export(restored, out, fmt)
+    if as_json:
+        typer.echo(json.dumps({"checkpoint": str(restored.path), "round": restored.round, "run_id": restored.run_id,
+                               "format": result.format, "out": str(result.out), "files": result.files,
+                               "bytes": result.bytes, "seconds": result.seconds, "weights_hash": result.weights_hash,
+                               "max_logit_diff": result.max_logit_diff}))
+        return
+    typer.echo(f"exported as {result.format} to {result.out}: {', '.join(result.files)} "
+               f"({result.bytes / 1e6:.1f} MB) in {result.seconds:.2f} s; weights hash {result.weights_hash[:16]}")
+    if result.max_logit_diff is not None:
+        typer.echo(f"checked: GPT2LMHeadModel's logits equal the GPT's (max difference {result.max_logit_diff:.2g})")
+
+
+@command("eval")
+def eval_cmd(checkpoint: Path = CheckpointArg,
+             data: Optional[list[Path]] = typer.Option(None, "--data", "-d", metavar="PATH", help="Evaluate on these "
+                                                       "text files or folders (repeatable; a folder: its files with a "
+                                                       "text suffix), read whole, instead of the run's held-out "
+                                                       "split."),
+             max_tokens: int = typer.Option(131_072, "--max-tokens", min=1, metavar="N", help="Score at most the "
+                                            "first N tokens (bytes) of the text (the held-out split of the default "
+                                            "corpus holds about 450,000)."),
+             batch_size: int = typer.Option(16, "--batch-size", min=1, metavar="N", help="Windows per forward pass "
+                                            "(memory and speed; the numbers change by float rounding at most)."),
+             device: Optional[str] = typer.Option(None, "--device", metavar="DEVICE", help="cpu, cuda or cuda:N "
+                                                  "(default: CUDA when there is one)."),
+             config: Optional[Path] = RestoreConfigOpt, set_: Optional[list[str]] = SetOpt,
+             as_json: bool = typer.Option(False, "--json", help="Print one JSON object: checkpoint, round, tokens, "
+                                          "loss, perplexity, bits_per_byte, data, truncated, run_id."),
+             verbose: bool = VerboseOpt) -> None:
+    """Validation loss, perplexity and bits per byte of a checkpoint's agreed weights on held-out text: the text
+    is cut into non-overlapping windows of model.seq_len tokens; loss is the mean cross-entropy in nats per
+    predicted token, perplexity exp(loss); tokens are bytes (the corpus is byte-level), so bits per byte = loss /
+    ln 2. The same checkpoint and text give the same numbers on every call."""
+    _setup_logging(verbose)
+    logging.getLogger().setLevel(logging.DEBUG if verbose else logging.WARNING)
+    with _user_errors(verbose):
+        from gradnode.node.train import evaluate as ev
+        from gradnode.node.train.inner import pick_device
+
+        dev = pick_device(device or "auto")
+        restored = _restore(checkpoint, config, set_)
+        text, described = ev.text_files(list(data), max_tokens) if data else ev.held_out(restored.cfg)
+        result = ev.evaluate(restored.model.to(dev), text, restored.cfg.model.seq_len, max_tokens, batch_size, dev)
+    figures = {"checkpoint": str(restored.path), "round": restored.round, "tokens": result.tokens,
+               "loss": result.loss, "perplexity": result.perplexity, "bits_per_byte": result.bits_per_byte,
+               "data": described, "truncated": result.truncated, "run_id": restored.run_id}
+    if as_json:
+        typer.echo(json.dumps(figures))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"eval: round {restored.round} of run {restored.run_id}", show_header=False)
+    table.add_column("figure")
+    table.add_column("value", overflow="fold")
+    table.add_row("checkpoint", str(restored.path))
+    table.add_row("data", described)
+    table.add_row("tokens (bytes)", f"{result.tokens:,}" + (" (cut at --max-tokens)" if result.truncated else ""))
+    table.add_row("loss", f"{result.loss:.4f} nats/token")
+    table.add_row("perplexity", f"{result.perplexity:.3f}")
+    table.add_row("bits per byte", f"{result.bits_per_byte:.4f}")
+    Console().print(table)
+
+
 # --- the swarm: bootstrap, join, status ---
 
 
@@ -414,8 +531,26 @@ def _swarm_cfg(config: Optional[Path], set_: Optional[list[str]], initial_peer: 
     return cfg
 
 
+def _serve_status(membership: Any, cfg: Config, port: int) -> Any:
+    """The status page on ``port`` (metrics.host), fed by a watch over ``membership``; returns a closer."""
+    from gradnode.node.status.server import StatusServer
+    from gradnode.node.status.watch import SwarmWatch
+
+    watch = SwarmWatch(membership, cfg.run.run_id)
+    server = StatusServer(watch.snapshot, cfg.metrics.host, port)
+    watch.start()
+    server.start()
+    typer.echo(f"status page: {server.url}")
+
+    def close() -> None:
+        server.close()
+        watch.close()
+    return close
+
+
 def _run_peer(cfg: Config, *, train: bool, peer_index: Optional[int], device: Optional[str], metrics: Optional[Path],
-              summary: Optional[Path], evaluate: bool, verbose: bool, maddrs_file: Optional[Path] = None) -> None:
+              summary: Optional[Path], evaluate: bool, verbose: bool, maddrs_file: Optional[Path] = None,
+              status_port: Optional[int] = None) -> None:
     from gradnode.node.swarm.peer import Peer
     from gradnode.node.swarm.report import summary_json
 
@@ -428,8 +563,11 @@ def _run_peer(cfg: Config, *, train: bool, peer_index: Optional[int], device: Op
         _say(f"run folder: {out}")
         peer = Peer(cfg, peer_index=peer_index, device=device, metrics_path=metrics, evaluate=evaluate)
         peer.install_signal_handlers()
+        close_status = None
         try:
             peer.start()
+            if status_port is not None:
+                close_status = _serve_status(peer.membership, cfg, status_port)
             maddrs = peer.transport.maddrs()
             typer.echo("peer id: " + peer.identity.peer_id)
             for m in maddrs:
@@ -448,6 +586,8 @@ def _run_peer(cfg: Config, *, train: bool, peer_index: Optional[int], device: Op
                            f"utilization={result.utilization:.3f} up={result.bytes_up} down={result.bytes_down} "
                            f"rejected={result.rejected_updates}")
         finally:
+            if close_status is not None:
+                close_status()
             peer.close()
     _say(f"run folder: {out} ({_size(out)})")
 
@@ -460,6 +600,9 @@ def bootstrap_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] 
                                                            "e.g. /ip4/0.0.0.0/tcp/31337 (repeatable)."),
                   device: Optional[str] = DeviceOpt, genesis: Optional[Path] = GenesisOpt,
                   admission_file: Optional[Path] = AdmissionOpt,
+                  status_port: Optional[int] = typer.Option(None, "--status-port", min=0, max=65535, metavar="PORT",
+                                                            help="Also serve the status page on this port "
+                                                                 "(at metrics.host; 0: any free port)."),
                   maddrs_file: Optional[Path] = typer.Option(None, "--maddrs-file", hidden=True),
                   verbose: bool = VerboseOpt) -> None:
     """Start a long-lived bootstrap peer with a stable identity; prints the multiaddrs others join with."""
@@ -473,7 +616,7 @@ def bootstrap_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] 
     cfg = _load(config, set_, extra)
     _setup_logging(verbose)
     _run_peer(cfg, train=train, peer_index=None, device=device, metrics=None, summary=None, evaluate=train,
-              verbose=verbose, maddrs_file=maddrs_file)
+              verbose=verbose, maddrs_file=maddrs_file, status_port=status_port)
 
 
 @command("join")
@@ -515,9 +658,14 @@ def plural(n: int, word: str) -> str:
 def status_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = SetOpt,
                initial_peer: Optional[list[str]] = PeerOpt,
                as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+               serve: Optional[int] = typer.Option(None, "--serve", min=0, max=65535, metavar="PORT",
+                                                   help="Instead of printing once, serve a live status page on "
+                                                        "this port (at metrics.host; 0: any free port) until "
+                                                        "Ctrl+C."),
                verbose: bool = VerboseOpt) -> None:
     """Print the swarm's members: peer, round, throughput, traffic, rejected updates, by how many peers each
-    is ignored for repeated invalid updates, last seen."""
+    is ignored for repeated invalid updates, its reputation score (robust aggregation), last seen. With
+    --serve, a web page of the same, with the loss curve and traffic per round, refreshing itself."""
     import tempfile
 
     cfg = _swarm_cfg(config, set_, initial_peer)
@@ -540,27 +688,50 @@ def status_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = S
         try:
             transport.start()
             gate = admission.gate_of(cfg, transport.now)  # a permissioned run: admitted members only
-            members = Membership(transport, ident, cfg.run.run_id, cfg.swarm.record_ttl_s, gate=gate).members(max_age=0)
+            membership = Membership(transport, ident, cfg.run.run_id, cfg.swarm.record_ttl_s, gate=gate)
+            if serve is not None:
+                _serve_until_interrupted(membership, cfg, serve)
+                return
+            members = membership.members(max_age=0)
             now = transport.now()
         finally:
             transport.close()
+    from gradnode.node.status.watch import reputation
+
     rows = sorted(members.values(), key=lambda m: m.peer_id)
+    held = [dict(m.scores) for m in rows if m.training]
     if as_json:
         typer.echo(json.dumps([{**m.model_dump(exclude={"public_key", "signature", "admission"}),
                                 "admitted": bool(m.admission), "last_seen_s": now - m.time,
-                                "ignored_by": sum(m.peer_id in other.ignoring for other in rows)} for m in rows]))
+                                "ignored_by": sum(m.peer_id in other.ignoring for other in rows),
+                                "reputation": reputation(m.peer_id, held)} for m in rows]))
         return
     table = Table(title=f"swarm {cfg.run.run_id}: {plural(len(rows), 'peer')}")
-    for col in ("peer", "role", "round", "tok/s", "loss", "up MB", "down MB", "rejected", "ignored by", "last seen",
-                "version"):
+    for col in ("peer", "role", "round", "tok/s", "loss", "up MB", "down MB", "rejected", "ignored by", "reputation",
+                "last seen", "version"):
         table.add_column(col)
     for m in rows:
         ignored_by = sum(m.peer_id in other.ignoring for other in rows)
+        score = reputation(m.peer_id, held)
         table.add_row(m.peer_id[:16], "train" if m.training else "serve", str(m.round), f"{m.tokens_per_s:.0f}",
                       f"{m.loss:.3f}" if m.loss is not None else "-", f"{m.bytes_up / 1e6:.1f}",
                       f"{m.bytes_down / 1e6:.1f}", str(m.rejected), str(ignored_by) if ignored_by else "-",
-                      f"{now - m.time:.0f}s ago", m.software_version)
+                      f"{score:.2f}" if score < 1 else "-", f"{now - m.time:.0f}s ago", m.software_version)
     Console().print(table)
+
+
+def _serve_until_interrupted(membership: Any, cfg: Config, port: int) -> None:
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
+    previous_term = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    close = _serve_status(membership, cfg, port)
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        close()
+        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, previous_term)
 
 
 @command("health")
@@ -621,7 +792,9 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=64, me
                      None, "--faults", metavar="SPEC",
                      help="Fault schedule, e.g. kill:2@r3,restart:2@r5,join:5@r2,slow:1x5,bw:3=1mbit,corrupt:4@r2 "
                           "(actions: kill restart stop join corrupt forge tamper slow bw client partition heal; "
-                          "adversaries: tokens dense slowhold pushflood intruder flood replayleave; peer '?' = picked by --seed)."),
+                          "adversaries: tokens dense slowhold pushflood intruder flood replayleave crossrun "
+                          "equivocate sybilvotes lowid futurestate badmomentum signflip noise freerider lazy; "
+                          "peer '?' = picked by --seed)."),
                  seed: Optional[int] = typer.Option(None, "--seed", min=0, metavar="N", help="run.seed, and the "
                                                     "picks of '?' in --faults: the same seed gives the same run."),
                  timeout: float = typer.Option(3600.0, "--timeout", min=10.0, metavar="SECONDS",
@@ -629,6 +802,11 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=64, me
                  keep_checkpoints: int = typer.Option(1, "--keep-checkpoints", min=1, metavar="N",
                                                       help="Checkpoints each peer keeps (checkpoint.keep)."),
                  clean: bool = typer.Option(False, "--clean", help="Remove the run folder after the summary."),
+                 serve: Optional[int] = typer.Option(None, "--serve", min=1, max=65535, metavar="PORT",
+                                                     help="Watch it live: the bootstrap serves the status page on "
+                                                          "this port, every process Prometheus metrics on a free "
+                                                          "port (listed in RUN/prometheus-targets.json; `prometheus "
+                                                          "--config.file=RUN/prometheus.yml` scrapes them)."),
                  verbose: bool = VerboseOpt) -> None:
     """Start a bootstrap and N peers as processes on this machine, show them live, print a summary."""
     import shutil
@@ -651,7 +829,11 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=64, me
         out = _writable(output_dir or Path("runs") / f"simulate-{_time.strftime('%Y%m%d-%H%M%S')}", "--output-dir")
         _say(f"run folder: {out}")
         settings = sim.SimSettings(peers=peers, rounds=rounds, config=config, out_dir=out, bandwidth=bandwidth,
-                                   link=link, overrides=overrides, faults=faults_spec, seed=seed, timeout_s=timeout)
+                                   link=link, overrides=overrides, faults=faults_spec, seed=seed, timeout_s=timeout,
+                                   serve=serve)
+        if serve is not None:
+            _say(f"status page: http://127.0.0.1:{serve}/ (once the bootstrap is up); Prometheus: "
+                 f"prometheus --config.file={out / 'prometheus.yml'}")
         try:
             summary = sim.run(settings, console=ERR)
         except KeyboardInterrupt:
@@ -740,7 +922,7 @@ def bench_quality_cmd(
         diloco_lr: float = typer.Option(0.5, "--diloco-lr", metavar="LR",
                                         help="Outer learning rate of DiLoCo (measured best)."),
         aggregation: str = typer.Option("coord_mean", "--aggregation", metavar="RULE", help="SparseLoCo/DiLoCo "
-                                        "aggregation: coord_mean (measured best) or mean."),
+                                        "aggregation: coord_mean (measured best), mean or robust."),
         seed: int = typer.Option(0, "--seed", min=0, metavar="N", help="Seed of models and data."),
         set_: Optional[list[str]] = typer.Option(None, "--set", metavar="KEY=VALUE", help="Override a config key for "
                                                  "every algorithm, e.g. --set inner.batch_size=16 (repeatable)."),
@@ -755,11 +937,9 @@ def bench_quality_cmd(
 
     from gradnode.node.bench import quality as bq
 
-    handler = _StderrHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, handlers=[handler], force=True)
-    if aggregation not in ("mean", "coord_mean"):
-        typer.echo("error: --aggregation must be mean or coord_mean", err=True)
+    _quiet_logging(verbose)
+    if aggregation not in ("mean", "coord_mean", "robust"):
+        typer.echo("error: --aggregation must be mean, coord_mean or robust", err=True)
         raise typer.Exit(2)
     _check_plot(plot_path)
     settings = bq.BenchSettings(replicas=replicas, rounds=rounds, inner_steps=inner_steps, size=size, seed=seed,
@@ -794,6 +974,98 @@ def bench_quality_cmd(
     if plot_path is not None:
         title = f"{replicas} replicas, H={inner_steps}, {rounds} rounds ({size})"
         _plot(lambda: bq.plot(results, str(plot_path), title), plot_path)
+
+
+def _parse_groups(text: str) -> tuple[tuple[int, int], ...]:
+    """'4:1,8:2' -> ((4, 1), (8, 2))."""
+    try:
+        out = tuple((int(r), int(a)) for r, a in (g.split(":") for g in text.split(",") if g.strip()))
+    except ValueError:
+        raise ValueError(f"--groups must read like 4:1,8:2 (replicas:attackers), got {text!r}") from None
+    if not out:
+        raise ValueError("--groups is empty")
+    return out
+
+
+@command("robust", bench_app)
+def bench_robust_cmd(
+        rounds: int = typer.Option(15, "--rounds", "-n", min=1, metavar="N", help="Outer rounds per run."),
+        inner_steps: int = typer.Option(10, "--inner-steps", min=1, metavar="H", help="Inner steps per round."),
+        size: str = typer.Option("small", "--size", metavar="SIZE", help="Model size: small (default, 0.12M "
+                                 "params, under 10 min on 2 CPU cores in all), tiny (tests), medium (1.66M) or "
+                                 "node (the default config's 3.2M model and batch)."),
+        rules: Optional[list[str]] = typer.Option(None, "--rule", metavar="RULE", help="Run only these rules "
+                                                  "(repeatable): coord_mean, robust."),
+        attacks: Optional[list[str]] = typer.Option(None, "--attack", "-a", metavar="NAME", help="Run only these "
+                                                    "attacks (repeatable): signflip, scaled, noise, zeros, targeted, "
+                                                    "copy, replay, lazy."),
+        groups: str = typer.Option("4:1,8:2", "--groups", metavar="R:A,...", help="Replicas R of which A attack, "
+                                   "per group (A < R/2)."),
+        score: bool = typer.Option(True, "--score/--no-score", help="The witnesses' loss check in front of the "
+                                   "robust rule."),
+        score_rows: int = typer.Option(8, "--score-rows", min=2, metavar="N", help="Random windows a witness "
+                                       "scores each update on."),
+        own_rows: int = typer.Option(0, "--own-rows", min=0, metavar="N", help="Also score each update on N rows "
+                                     "of its sender's assigned batches (Templar's own-data check; reported in "
+                                     "--json as own_advantage_*, never used for the verdict)."),
+        jobs: int = typer.Option(2, "--jobs", "-j", min=1, metavar="N", help="Runs at a time (processes of one "
+                                 "torch thread; the figures do not depend on it)."),
+        seed: int = typer.Option(0, "--seed", min=0, metavar="N", help="Seed of models, data and attacks."),
+        set_: Optional[list[str]] = typer.Option(None, "--set", metavar="KEY=VALUE", help="Override a config key "
+                                                 "in every run, e.g. --set inner.batch_size=16 (repeatable)."),
+        device: Optional[str] = typer.Option(None, "--device", metavar="DEVICE", help="cpu, cuda (default: auto)."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of the table."),
+        plot_path: Optional[Path] = typer.Option(None, "--plot", metavar="FILE.png",
+                                                 help="Write a PNG of the loss ratios (needs matplotlib)."),
+        verbose: bool = VerboseOpt) -> None:
+    """Attackers with valid keys vs the aggregation rules: loss under each attack / the clean run's."""
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from gradnode.node.bench import robust as br
+
+    _quiet_logging(verbose)
+    _check_plot(plot_path)
+    try:
+        parsed = _parse_groups(groups)
+        overrides = dict(parse_override(o) for o in set_ or [])
+        settings = br.RobustSettings(rounds=rounds, inner_steps=inner_steps, size=size, seed=seed, groups=parsed,
+                                     rules=tuple(rules) if rules else br.RULES,
+                                     attacks=tuple(attacks) if attacks else br.ATTACKS, score=score,
+                                     score_rows=score_rows, own_rows=own_rows, jobs=jobs, device=device, overrides=overrides)
+        settings.validate()
+    except ConfigError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(2) from None
+    except ValueError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    with _user_errors(verbose):
+        with Progress(console=ERR, transient=True) as progress:
+            task = progress.add_task("runs", total=len(br.plan(settings)))
+            results = br.run_bench(settings, lambda label, done, total: progress.update(
+                task, completed=done, description=label))
+    if as_json:
+        typer.echo(json.dumps(br.results_json(settings, results)))
+    else:
+        console = Console() if sys.stdout.isatty() else Console(width=130)
+        table = Table(title=f"robust: H={inner_steps}, {rounds} rounds, {size} model, "
+                            f"{'with' if score else 'without'} the witnesses' loss check")
+        for col in ("rule", "attack", "attackers", "val loss", "clean", "ratio", "attackers left out",
+                    "honest left out", "time"):
+            table.add_column(col, justify="left" if col in ("rule", "attack") else "right")
+        for r in results:
+            table.add_row(r.rule, r.attack, f"{r.attackers}/{r.replicas}", f"{r.val_loss:.4f}",
+                          f"{r.clean_val_loss:.4f}", f"{r.ratio:.4f}",
+                          f"{r.attacker_left_out}/{r.attacker_updates}" if r.attackers else "-",
+                          f"{r.honest_left_out}/{r.honest_updates}", f"{r.seconds:.0f} s")
+        console.print(table)
+        for goal, measured, bound, met in br.goals(results, size):
+            mark = "figure" if met is None else "met   " if met else "MISSED"
+            console.print(f"{mark} {goal}: {measured:.4f} (goal <= {bound}{'' if met is not None else ' at --size node'})")
+    if plot_path is not None:
+        title = f"bench robust: H={inner_steps}, {rounds} rounds ({size})"
+        _plot(lambda: br.plot(results, str(plot_path), title), plot_path)
 
 
 def main() -> None:

@@ -119,9 +119,14 @@ class OuterConfig(_Section):
     momentum: float = Field(0.0, ge=0.0, lt=1.0, description="Outer momentum (0 for SparseLoCo, ~0.9 for DiLoCo).")
     nesterov: bool = Field(False, description="Nesterov outer momentum (DiLoCo).")
     ef_beta: float = Field(0.95, ge=0.0, le=1.0, description="Error-feedback decay.")
-    aggregation: Literal["mean", "coord_mean"] = Field(
-        "coord_mean", description="'coord_mean': per coordinate, over the peers that sent it (measured 4.9% lower "
-                                  "val loss, node/QUALITY.md); 'mean': average over contributing peers.")
+    aggregation: Literal["mean", "coord_mean", "robust"] = Field(
+        "robust", description="'robust' (the default): coord_mean of the updates that pass deterministic screens "
+                              "(replays, duplicates, zero-norm dilution, directions the others contradict, "
+                              "per-tensor value caps) weighted by a reputation kept in the shared state "
+                              "(protocol/robust.py, `gradnode bench robust`; with honest updates only it is "
+                              "bit-identical to coord_mean); 'coord_mean': per coordinate, over the peers that "
+                              "sent it (measured 4.9% lower val loss than 'mean', node/QUALITY.md); 'mean': "
+                              "average over contributing peers.")
     clip_to_median: bool = Field(True, description="Clip each peer's update to the round's median norm.")
     max_step_ratio: float = Field(
         1.0, gt=0.0, le=1e6, description="A round's aggregate whose norm exceeds this multiple of the shared "
@@ -214,9 +219,12 @@ class SwarmConfig(_Section):
     max_wait_s: float = Field(120.0, gt=0.0, le=86400.0,
                               description="Upper bound on waiting for one round's outcome before giving up on it "
                                           "(skipped rounds keep their content in error feedback).")
-    commit_grace_s: float = Field(1.0, ge=0.0, le=600.0,
-                                  description="Extra wait for the round leader's commit before adopting the next "
-                                              "proposer's (leader crashed or slow).")
+    commit_grace_s: float = Field(3.0, ge=0.0, le=600.0,
+                                  description="Least wait, after a peer's own report, for the other eligible "
+                                              "witnesses' reports (a crashed or slow witness costs at most this or "
+                                              "a deadline window, whichever is longer). 3, not 1: at 1 a witness "
+                                              "whose collect ended later (8 peers on 2 cores) reported after some "
+                                              "peers had counted, and the round split (node/SWARM.md).")
     record_ttl_s: float = Field(60.0, gt=0.0, le=86400.0, description="Lifetime of membership records in the DHT.")
     bandwidth: str | None = Field(None, description="Cap on this peer's link, e.g. '10mbit' (token bucket in the "
                                                     "transport, each direction).")
@@ -274,11 +282,28 @@ class SwarmConfig(_Section):
                                         description="A blob transfer slower than this (after its first second) is "
                                                     "dropped, and the holder tried last for a minute: a holder that "
                                                     "trickles bytes costs a second, not a deadline. 0: no floor.")
+    score_rows: int = Field(0, ge=0, le=1024,
+                            description="A witness's loss check of every update it receives from another peer: "
+                                        "training windows of its own random drawing on which the update, applied "
+                                        "to the round's shared weights, must not raise the loss (mean gain + "
+                                        "swarm.score_z standard errors >= 0), else the update is counted as "
+                                        "'harmful' and not listed in its report (node/train/score.py). About 4% "
+                                        "of a round's compute per 4 updates at the default model. 0 (the default): "
+                                        "off; 8 to turn it on, not under 4 (2 rows rejected honest updates, "
+                                        "node/ROBUST.md). Off by default: one honest witness's false verdict "
+                                        "(stale updates in the overlapped order) plus one censor, or alone "
+                                        "among two witnesses, kept an honest update out of its round.")
+    score_z: float = Field(5.0, ge=0.0, le=100.0,
+                           description="Standard errors of slack the loss check gives an update before rejecting "
+                                       "it. 5, not bench robust's 3: a swarm's updates reach the witnesses one "
+                                       "round stale (overlap), and at 3 a stale honest update failed 3 checks in "
+                                       "90 (0 in 90 at 5; node/ROBUST.md).")
     push_peers: int = Field(2, ge=1, le=64,
                             description="Reachable peers a client-mode peer pushes each of its updates to; they "
                                         "verify, hold and serve it for everyone else.")
     fault: Literal["none", "corrupt", "forge", "tamper_state", "drift", "tokens", "dense", "slowhold",
-                   "intruder", "pushflood", "flood", "replayleave"] = Field(
+                   "intruder", "pushflood", "flood", "replayleave", "equivocate", "crossrun", "sybilvotes", "lowid", "futurestate",
+                   "badmomentum", "signflip", "noise", "freerider", "lazy"] = Field(
         "none", description="Testing aid: 'corrupt' flips bytes of this peer's updates, 'forge' signs them with "
                             "another key, 'tamper_state' offers altered weights under the honest hash, 'tokens' "
                             "declares 2^40 tokens per update, 'dense' sends its updates with the dense codec, "
@@ -287,7 +312,17 @@ class SwarmConfig(_Section):
                             "copies of its update, its own name and others', to every peer each round, 'flood' "
                             "publishes 'training' member records of 8 keys it made (and an oversized value) that "
                             "never send an update, 'replayleave' stores other peers' old signed 'leaving' records again "
-                            "under keys of its own; honest peers must reject them or bound what they cost. 'drift' "
+                            "under keys of its own, 'sybilvotes' runs 8 keys of its making that report a weight hash "
+                            "nobody holds for every round and follow a chain of them, 'crossrun' sends, as its updates, the ones it signed in an "
+                            "earlier run of the same name (its folder's earlier-genesis.json), 'equivocate' publishes two reports for each round (the second naming "
+                            "only its own update), taking turns every 0.1 s for a second, 'lowid' grinds 24 keys for the lowest peer id "
+                            "and reports only its own update (a witness that censors), 'futurestate' offers "
+                            "its state claimed for a round 10^6 ahead (under the hash of that claim) and publishes a "
+                            "chain listing it, 'badmomentum' offers honest weights with its outer momentum scaled by "
+                            "-1000 under the honest hash, 'signflip' sends its own update negated, 'noise' sends "
+                            "Gaussian noise of its update's norm through the codec, 'freerider' sends another peer's "
+                            "update of the previous round, applied then, as its own, 'lazy' trains every round on one "
+                            "fixed batch; honest peers must reject them or bound what they cost. 'drift' "
                             "nudges this peer's own weights once (at fault_round): its hash check must notice and "
                             "re-sync it from the majority.")
     fault_round: int = Field(1, ge=0, le=2**40, description="Testing aid: the round from which swarm.fault applies.")
@@ -296,7 +331,15 @@ class SwarmConfig(_Section):
                           "{\"blocked\": [peer ids]} this peer re-reads every second; it drops their records, "
                           "streams and dials, as if the network between them were cut.")
     slowdown: float = Field(1.0, ge=1.0, le=100.0,
-                            description="Testing aid: make every inner step this many times slower (sleep).")
+                            description="Testing aid: make every inner step this many times slower (sleep), "
+                                        "but the process's first (torch's start-up).")
+
+    @field_validator("score_rows")
+    @classmethod
+    def _check_score_rows(cls, value: int) -> int:
+        if value == 1:
+            raise ValueError("must be 0 (off) or at least 2 (a standard error needs two rows)")
+        return value
 
     @field_validator("initial_peers")
     @classmethod
@@ -325,6 +368,31 @@ class CheckpointConfig(_Section):
     resume: bool = Field(True, description="Resume from the newest valid checkpoint in run.output_dir.")
 
 
+class MetricsConfig(_Section):
+    """What a peer exposes about its own run while it runs (each peer's own choice, never a shared rule)."""
+
+    port: int = Field(0, ge=0, le=65535, description="Serve Prometheus metrics on this TCP port at /metrics; 0: off.")
+    host: str = Field("127.0.0.1", description="Address the metrics port and the status page listen on "
+                      "('0.0.0.0' in containers).")
+    eval_every: int = Field(0, ge=0, le=10**6, description="Validation loss every N applied rounds, for the "
+                            "metrics and the log (costs about 8 forward passes); 0: at the start and end only.")
+    tensorboard_dir: Path | None = Field(None, description="Also write the per-round metrics as TensorBoard "
+                                         "scalars here (needs `pip install 'gradnode[tensorboard]'`).")
+    wandb_project: str | None = Field(None, max_length=128, description="Also log the per-round metrics to this "
+                                      "Weights & Biases project (needs `pip install 'gradnode[wandb]'`).")
+    wandb_mode: Literal["offline", "online"] = Field("offline", description="'offline' (the default) writes "
+                                                     "local files and needs no account; 'online' uploads.")
+
+    @field_validator("host")
+    @classmethod
+    def _check_host(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address (e.g. 127.0.0.1 or 0.0.0.0)") from None
+        return value
+
+
 class Config(_Section):
     """The whole tree; every section has defaults, so an empty file is the embedded default."""
 
@@ -336,6 +404,7 @@ class Config(_Section):
     outer: OuterConfig = Field(default_factory=OuterConfig)
     swarm: SwarmConfig = Field(default_factory=SwarmConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     rounds: int = Field(50, ge=1, description="Rounds to train (gradnode train).")
 
 
@@ -392,6 +461,11 @@ def load_config(path: Path | str | None, overrides: dict[str, Any] | None = None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: top level must be a mapping of sections")
         data = loaded
+    return bind_genesis(config_from_dict(with_overrides(data, overrides), source))
+
+
+def with_overrides(data: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """``data`` (a config tree as dicts, changed in place) with dotted-key overrides applied."""
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")
@@ -401,7 +475,7 @@ def load_config(path: Path | str | None, overrides: dict[str, Any] | None = None
                 raise ConfigError(f"{dotted}: '{part}' is not a section")
             node = child
         node[leaf] = value
-    return bind_genesis(config_from_dict(data, source))
+    return data
 
 
 # The values every peer of a run must hold alike (a genesis fixes them); device, data and swarm settings

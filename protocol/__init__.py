@@ -11,6 +11,8 @@ from typing import Any
 
 _WHERE = {
     "aggregate": "aggregate",
+    "robust_aggregate": "robust",
+    "Reputation": "reputation",
     "ProtocolError": "errors",
     "ErrorFeedback": "feedback",
     "compress_with_feedback": "feedback",

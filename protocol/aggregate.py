@@ -4,7 +4,8 @@ Determinism: contributions are sorted by (sender, digest, weight), each is scale
 computed in Python floats, and summed in that order with separate multiply and add ops (one IEEE
 rounding each, no fused multiply-add), so the result is bit-identical whatever the arrival order.
 Clipping: each update is scaled down to the median norm of the round (Templar), which bounds what a
-single peer with a huge or malicious update can do.
+single peer with a huge or malicious update can do. The 'robust' rule (screens, then coord_mean of what
+passes, with a reputation table) is ``robust_aggregate`` in protocol/robust.py.
 """
 
 from __future__ import annotations
@@ -44,6 +45,20 @@ def clip_scales(norms: Sequence[float]) -> list[float]:
     return [1.0 if n <= median or n == 0.0 else median / n for n in norms]
 
 
+def checked_weights(updates: Sequence[object], weights: Sequence[float] | None) -> list[float]:
+    """One finite, non-negative float weight per update (all 1 when None); ValueError otherwise."""
+    if not updates:
+        raise ValueError("nothing to aggregate")
+    if weights is None:
+        return [1.0] * len(updates)
+    if len(weights) != len(updates):
+        raise ValueError("one weight per update")
+    ws = [float(w) for w in weights]
+    if any(not math.isfinite(w) or w < 0 for w in ws):
+        raise ValueError("weights must be finite and >= 0")
+    return ws
+
+
 def aggregate(updates: Sequence[DecodedUpdate | Mapping[str, Tensor]], weights: Sequence[float] | None = None,
               rule: str = "mean", clip_to_median: bool = True) -> dict[str, Tensor]:
     """Weighted combination of decoded updates (fp32, on the updates' device).
@@ -55,14 +70,8 @@ def aggregate(updates: Sequence[DecodedUpdate | Mapping[str, Tensor]], weights: 
     """
     if rule not in RULES:
         raise ValueError(f"aggregation rule must be one of {RULES}, got {rule!r}")
-    if not updates:
-        raise ValueError("nothing to aggregate")
-    if weights is None:
-        weights = [1.0] * len(updates)
-    if len(weights) != len(updates):
-        raise ValueError("one weight per update")
-    weights = [float(w) for w in weights]
-    if any(not math.isfinite(w) or w < 0 for w in weights) or sum(weights) <= 0:
+    weights = checked_weights(updates, weights)
+    if sum(weights) <= 0:
         raise ValueError("weights must be finite, >= 0 and not all zero")
     contribs = [_contribution(u, i) for i, u in enumerate(updates)]
     shapes = {name: t.shape for name, t in contribs[0].tensors.items()}

@@ -1,4 +1,4 @@
-"""Strict records that travel through the DHT: membership, update announcements, round proposals,
+"""Strict records that travel through the DHT: membership, update announcements, witness reports,
 weight hashes and state manifests.
 
 Every record is a frozen pydantic model with bounded fields, serialised as msgpack (a few hundred
@@ -10,7 +10,7 @@ package stays free of keys and clocks). ``from_bytes`` raises ``RecordError`` fo
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Annotated, ClassVar, Literal, TypeVar
 
 import msgpack
@@ -18,7 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 
 from gradnode.protocol.errors import ProtocolError
 
-PROTOCOL_VERSION = 2  # 2: proposals, weight reports and holdings list updates by fingerprint
+PROTOCOL_VERSION = 4  # 2: updates named by fingerprint; 3: state hash, seeded proposals, decisions; 4: witness reports
 MAX_RECORD_BYTES = 16 * 1024
 MAX_PEERS_PER_ROUND = 768
 FINGERPRINT_BYTES = 16
@@ -45,7 +45,7 @@ Fingerprints = Annotated[bytes, Field(max_length=FINGERPRINT_BYTES * MAX_PEERS_P
 
 
 def fingerprint(sender: str, digest: str) -> bytes:
-    """16 bytes naming one update: ``sender``'s blob with sha256 ``digest``. Proposals, weight reports and
+    """16 bytes naming one update: ``sender``'s blob with sha256 ``digest``. Witness reports, weight reports and
     holdings list updates by fingerprint (16 bytes each instead of ~115 for the pair spelled out), so a
     record of 512 updates stays near 8 KiB; readers resolve them against the round's signed
     announcements, which carry the pairs. Finding two pairs with one fingerprint takes ~2^64 hashes."""
@@ -124,7 +124,7 @@ class MemberRecord(Record):
     """A peer's signed, expiring presence: who it is, where to reach it, how fast it trains."""
 
     kind: ClassVar[str] = "member"
-    _tuple_lists: ClassVar[tuple[str, ...]] = ("chain",)
+    _tuple_lists: ClassVar[tuple[str, ...]] = ("chain", "scores")
     peer_id: PeerId
     public_key: bytes = Field(min_length=64, max_length=1024, description="RSA public key, DER (SPKI).")
     maddrs: list[Maddr] = Field(max_length=16)
@@ -150,6 +150,9 @@ class MemberRecord(Record):
                                    description="Senders this peer currently ignores for repeated invalid updates.")
     admission: bytes = Field(b"", max_length=2048, description="Its Admission record, signed by the run "
                                                                "authority (permissioned runs; empty in open ones).")
+    scores: list[tuple[PeerId, Annotated[float, Field(ge=0.0, le=1.0)]]] = Field(
+        default_factory=list, max_length=16, description="The lowest reputation scores of the run's table as this "
+                                                         "peer holds it (protocol/reputation.py; 1.0 when absent).")
 
 
 class Admission(Record):
@@ -182,18 +185,41 @@ class UpdateAnnouncement(Record):
     time: float = Field(ge=0.0, le=1e11)
 
 
-class Proposal(Record):
-    """A peer's view of round r at its deadline: the updates it fetched and verified (fingerprints).
-    Every peer adopts the proposal of the round's leader (lowest proposer id that proposed).
+class Report(Record):
+    """A witness's report of round r at its deadline: the updates it fetched and verified (fingerprints),
+    on its chain (``seed``). An update is in the round when a strict majority of the eligible witnesses'
+    reports list it (protocol/witness.py). A report is final once published: a second, different one for
+    the round and chain, an abstention included, is equivocation.
 
-    ``abstain``: the proposer sits this round out (a straggler skipping ahead to the next round); it
-    can never lead it, and nobody waits for its proposal."""
+    ``abstain``: the witness sits this round out (a straggler skipping ahead to the next round); nobody
+    waits for its report."""
 
-    kind: ClassVar[str] = "proposal"
+    kind: ClassVar[str] = "report"
     round: Round
-    proposer: PeerId
+    witness: PeerId
+    seed: str = Field("", max_length=128, pattern=r"^[0-9a-f]*$",
+                      description="The state hash the witness's previous round agreed on (its chain).")
     included: Fingerprints = b""
     abstain: bool = False
+
+
+def report_digest(p: Report) -> str:
+    """What a report says (its chain's seed, its fingerprints, or that it abstains), hashed: two reports of
+    one witness for one round and seed with different digests are equivocation, provable by showing both
+    signed records (a peer rolled back onto another chain reports again, under another seed)."""
+    return hashlib.blake2b(p.seed.encode() + b"/" + p.included + bytes([p.abstain]), digest_size=16).hexdigest()
+
+
+class Equivocation(Record):
+    """``reporter`` holds two reports ``accused`` signed for round r, with the digests ``first`` and ``second``,
+    and serves both (equivocation.evidence_name): anyone can fetch them and check the signatures."""
+
+    kind: ClassVar[str] = "equivocation"
+    round: Round
+    reporter: PeerId
+    accused: PeerId
+    first: Hash
+    second: Hash
 
 
 class WeightHash(Record):
@@ -241,38 +267,42 @@ def update_sender(name: str) -> str | None:
     return name.rsplit("/", 1)[-1] if name.startswith("u/") else None
 
 
-def proposal_list_name(run_id: str, round_: int, proposer: str) -> str:
-    """Blob under which a proposer serves its proposal spelled out: the msgpack list of (sender, digest)."""
-    return f"p/{run_id}/{round_}/{proposer}"
+def report_list_name(run_id: str, round_: int, witness: str) -> str:
+    """Blob under which a witness serves its report spelled out: the msgpack list of (sender, digest)."""
+    return f"p/{run_id}/{round_}/{witness}"
+
+
+def report_record_name(run_id: str, round_: int, witness: str) -> str:
+    """Blob under which a witness serves its signed report record itself: read straight from its author when
+    the DHT does not show it (right after a split heals, a record stored once sits on nodes a reader's
+    lookups do not reach yet)."""
+    return f"w/{run_id}/{round_}/{witness}"
 
 
 def state_chunk_name(run_id: str, round_: int, digest: str) -> str:
     return f"s/{run_id}/{round_}/{digest}"
 
 
-Table = Literal["members", "updates", "proposals", "weights", "state", "holdings", "revocations"]
+Table = Literal["members", "updates", "reports", "equivocations", "weights", "state", "holdings", "revocations"]
 
 
 def dht_key(run_id: str, what: Table, round_: int | None = None) -> str:
     return f"gradnode/{run_id}/{what}" + ("" if round_ is None else f"/{round_}")
 
 
-def leader(proposals: list[Proposal]) -> Proposal | None:
-    """The round's decision: the proposal of the lowest proposer id (deterministic, crash-tolerant);
-    abstentions never lead."""
-    return min((p for p in proposals if not p.abstain), key=lambda p: p.proposer, default=None)
-
-
-def majority_hash(hashes: list[WeightHash]) -> tuple[str, int] | None:
-    """The weight hash the swarm agrees on (one vote per peer), with its count.
+def majority_hash(hashes: list[WeightHash], moved: Mapping[str, str] | None = None) -> tuple[str, int] | None:
+    """The weight hash the swarm agrees on (one vote per peer), with its count. ``moved``: peers seen to follow
+    another chain since they reported (peer -> that chain's hash of the round): their report is of a chain
+    they have left, and counts for the one they follow now.
 
     A strict majority wins. Without one (e.g. two peers split 1-1 after a partition), the largest
-    groups are tied and the group holding the lowest peer id wins, the same order the round leader is
-    chosen by, so that every peer resolves the split the same way instead of staying diverged.
+    groups are tied and the group holding the lowest peer id wins, so that every peer resolves the split
+    the same way instead of staying diverged (a key ground to the lowest id decides such ties: not
+    defended yet, Trust II).
     """
     votes: dict[str, str] = {}
     for h in hashes:
-        votes[h.peer] = h.param_hash
+        votes[h.peer] = (moved or {}).get(h.peer, h.param_hash)
     counts: dict[str, int] = {}
     for value in votes.values():
         counts[value] = counts.get(value, 0) + 1

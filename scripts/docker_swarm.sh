@@ -8,25 +8,34 @@
 # checkpoints and address books: the bootstrap comes back with an empty DHT and dials the peers it
 # knew, the peer resumes and catches up) and scale up by two late joiners, which know only the
 # bootstrap's address; the check then expects PEERS+3 peers on one hash, each container healthy.
+# MONITORING=1: with the compose file's `monitoring` profile; once the peers agree, wait until Prometheus
+# scrapes every gradnode container (the bootstrap and each peer replica, health "up") and sees every
+# peer's gradnode_round move on, print its targets and the query, and fetch the published Prometheus
+# and status page URLs from the host.
 # Works with `docker compose` and with `docker-compose` (v1).
 set -euo pipefail
 peers=${PEERS:-4} rounds=${ROUNDS:-5} preset=${PRESET:-swarm-demo.yaml} timeout=${TIMEOUT:-900} chaos=${CHAOS:-0}
+monitoring=${MONITORING:-0}
 project=${PROJECT:-gradnode-check}
 cd "$(dirname "$0")/.."
+profiles=""
+[ "$monitoring" = 1 ] && profiles="--profile monitoring"
+# shellcheck disable=SC2086  # $profiles: zero or two words
 compose() {
-  if docker compose version >/dev/null 2>&1; then docker compose -f docker/compose.yaml -p "$project" "$@"
-  else docker-compose -f docker/compose.yaml -p "$project" "$@"; fi
+  if docker compose version >/dev/null 2>&1; then docker compose -f docker/compose.yaml -p "$project" $profiles "$@"
+  else docker-compose -f docker/compose.yaml -p "$project" $profiles "$@"; fi
 }
+# down takes every profile's containers, whichever this run started (an earlier run's included)
+down() { profiles="--profile monitoring" compose down -v --remove-orphans >/dev/null 2>&1 || true; }
 export GRADNODE_PRESET=$preset GRADNODE_ROUNDS=0
 # `gradnode health` (the peers' healthcheck) fails while a peer sees fewer trainers than this
 export GRADNODE_EXPECT_PEERS=$peers
 straggler=${project}-straggler
-trap 'echo "[docker_swarm] tearing down"; docker rm -f "$straggler" >/dev/null 2>&1 || true
-      compose down -v --remove-orphans >/dev/null 2>&1 || true' EXIT
+trap 'echo "[docker_swarm] tearing down"; docker rm -f "$straggler" >/dev/null 2>&1 || true; down' EXIT
 
 # start from a clean slate: leftovers of an earlier run (containers, volumes) would fool the check
 docker rm -f "$straggler" >/dev/null 2>&1 || true
-compose down -v --remove-orphans >/dev/null 2>&1 || true
+down
 compose build
 compose up -d --scale peer="$peers"
 echo "[docker_swarm] swarm up: 1 bootstrap + $peers peers, preset $preset; waiting for $rounds rounds"
@@ -110,4 +119,47 @@ case "$states" in *unhealthy*|*starting*)
   done
   echo "[docker_swarm] FAILED: a peer is not healthy"; exit 4 ;;
 esac
+if [ "$monitoring" = 1 ]; then
+  # the bootstrap and every replica of the scaled peer service (CHAOS: the late joiners too; not the
+  # straggler, a one-off `run` container, which Docker's DNS does not list under the service name)
+  targets=$((1 + peers)); [ "$chaos" = 1 ] && targets=$((targets + 2))
+  echo "[docker_swarm] monitoring: waiting for Prometheus to scrape $targets gradnode targets"
+  if ! compose exec -T prometheus python3 - "$targets" <<'PY'
+import json, sys, time, urllib.parse, urllib.request
+expect = int(sys.argv[1])
+api = "http://127.0.0.1:9090/api/v1/"
+def get(path, **query):
+    with urllib.request.urlopen(api + path + "?" + urllib.parse.urlencode(query), timeout=10) as r:
+        return json.load(r)["data"]
+def rounds():  # peer instance -> (peer id, round), from Prometheus's latest scrape
+    res = get("query", query='gradnode_round{job="peer"} * on(instance) group_left(peer) gradnode_peer_info')
+    return {s["metric"]["instance"]: (s["metric"]["peer"], float(s["value"][1])) for s in res["result"]}
+deadline, first, now, ok = time.time() + 180, None, {}, False
+while not ok and time.time() < deadline:
+    ts = [t for t in get("targets", state="active")["activeTargets"] if t["labels"]["job"] in ("bootstrap", "peer")]
+    peers = {t["labels"]["instance"] for t in ts if t["labels"]["job"] == "peer"}
+    now = rounds() if len(ts) == expect and all(t["health"] == "up" for t in ts) else {}
+    if now and set(now) == peers:  # every target up, one series per peer: now every peer's round must move on
+        if first is None or set(first) != peers:
+            first = now
+        ok = all(now[i][1] > first[i][1] for i in peers)
+    if not ok:
+        time.sleep(5)
+print(f"targets ({len(ts)}, expected {expect}):")
+for t in sorted(ts, key=lambda t: (t["labels"]["job"], t["labels"]["instance"])):
+    print(f"  job={t['labels']['job']:<9} {t['scrapeUrl']:<30} health={t['health']:<4} "
+          f"last scrape {t['lastScrape'][11:19]} ({t['lastScrapeDuration'] * 1000:.1f} ms) {t['lastError']}")
+print('query gradnode_round{job="peer"} * on(instance) group_left(peer) gradnode_peer_info:')
+for i, (peer, r) in sorted(now.items()):
+    print(f"  {i:<18} peer={peer}  round {first[i][1]:.0f} -> {r:.0f}" if first and i in first else f"  {i} {peer} {r:.0f}")
+sys.exit(0 if ok else 1)
+PY
+  then compose logs --tail 30 prometheus; echo "[docker_swarm] FAILED: Prometheus does not scrape every peer"; exit 5; fi
+  prom=http://127.0.0.1:${GRADNODE_PROMETHEUS_HOST_PORT:-9090} status=http://127.0.0.1:${GRADNODE_STATUS_HOST_PORT:-8080}
+  if command -v curl >/dev/null; then
+    curl -fsS -o /dev/null "$prom/api/v1/query?query=up" && curl -fsS -o /dev/null "$status/" \
+      || { echo "[docker_swarm] FAILED: $prom or $status does not answer from the host"; exit 5; }
+    echo "[docker_swarm] from the host: Prometheus $prom and the status page $status answer"
+  fi
+fi
 echo "[docker_swarm] OK"

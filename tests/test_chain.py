@@ -71,6 +71,41 @@ def test_a_peer_sees_whether_it_lost_to_a_larger_chain_or_only_to_the_tie_rule()
     assert chain_view(members(b1=tail("aa", 5), c1=tail("aa", 5)), "d1", tail("aa", 5)).on_winner is True
 
 
+def test_a_weight_report_of_a_chain_its_author_has_left_counts_for_the_chain_it_follows() -> None:
+    """After a 2-2 split heals, the losing pair adopts the winners' chain; its weight reports of the rounds
+    before the merge still name its old chain, tie 2-2 with the winners', and the tie (the lowest peer id)
+    can go to the old chain. In CI the winners then re-synced towards a state nobody offered any more,
+    stalled max_wait_s, and the run ended split 2|2. A report's author seen following our chain now counts
+    for our hash; one still on its old chain (or out of sight) counts as it reported."""
+    from types import SimpleNamespace
+
+    from gradnode.node.swarm.chores import off_majority
+    from gradnode.node.swarm.health import chain_view
+    from gradnode.protocol.records import WeightHash
+
+    def members(**tails: list) -> dict:
+        return {p * 10: SimpleNamespace(training=True, chain=t) for p, t in tails.items()}
+
+    def reports(**hashes: str) -> list:  # peer ids of 20 base58 characters, hashes in hex
+        return [WeightHash(run_id="r", round=12, peer=p * 10, param_hash=h) for p, h in hashes.items()]
+
+    # round 12: c3, c4 ("a" chain) against a1, b2 (the "f" chain, a1 the lowest id): the tie goes to "f"
+    old = reports(a1="f" * 8, b2="f" * 8, c3="a" * 8, c4="a" * 8)
+    # a1 and b2 adopted the "a" chain at round 13: their tails now end on it
+    adopted = [(10, "zz000000a"), (11, "zz000000b"), (12, "zz000000c"), (13, "aa000000d")]
+    merged = chain_view(members(a1=adopted, b2=adopted, c4=tail("aa", 13)), "c3" * 10, tail("aa", 13))
+    assert sorted(merged.allies) == ["a1" * 10, "b2" * 10, "c4" * 10]
+    assert not off_majority(old, "a" * 8, merged)
+    # before the merge (a1, b2 still on "f") the tie stands, and the "a" pair is off the majority: the hash
+    # check repairs a split this way when the chains are not in sight yet
+    split = chain_view(members(a1=tail("zz", 13), b2=tail("zz", 13), c4=tail("aa", 13)), "c3" * 10, tail("aa", 13))
+    assert split.allies == ["c4" * 10] and off_majority(old, "a" * 8, split)
+    # a peer that drifted alone has no ally to count for it; without a hash of the round nothing is checked
+    drifted = chain_view(members(a1=tail("aa", 12), b2=tail("aa", 12)), "c3" * 10, tail("aa", 11, 3) + [(12, "x")])
+    assert drifted.allies == [] and off_majority(reports(a1="a" * 8, b2="a" * 8, c3="e" * 8), "e" * 8, drifted)
+    assert not off_majority(old, None, merged)
+
+
 def test_address_book_keeps_the_newest_backs_off_and_survives_a_restart(tmp_path: Path) -> None:
     path = tmp_path / "addressbook.json"
     book = AddressBook(path, me="me")

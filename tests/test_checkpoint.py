@@ -96,3 +96,17 @@ def test_truncated_or_foreign_checkpoints(tmp_path):
         Engine.resume(tiny_config(run={"run_id": "another-run"}), tmp_path / "b")
     with pytest.raises(CheckpointError, match="outer.algorithm"):
         Engine.resume(tiny_config(outer={"algorithm": "diloco"}), path2.parent)
+
+
+def test_a_checkpoint_stores_its_resolved_config_and_older_ones_still_load(tmp_path):
+    from gradnode.node.config import config_from_dict
+
+    cfg = tiny_config(tmp_path)
+    e = Engine(cfg)
+    run(e, 1)
+    path = e.save_checkpoint(tmp_path / "ck")
+    _, meta = checkpoint.load(path)
+    assert config_from_dict(meta["config"]) == cfg  # what `gradnode export` / `eval` rebuild the model from
+    del meta["config"]  # as written before checkpoints stored it
+    (path / "meta.json").write_text(json.dumps(meta))
+    assert Engine.resume(cfg, tmp_path / "ck").param_hash() == e.param_hash()

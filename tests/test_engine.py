@@ -113,3 +113,66 @@ def test_update_is_compressed_and_tagged():
 def test_ddp_is_not_a_peer_algorithm():
     with pytest.raises(ValueError, match="outer.algorithm"):
         Engine(tiny_config(outer={"algorithm": "ddp"}))
+
+
+def test_the_shared_state_hash_covers_outer_momentum_the_round_and_the_run() -> None:
+    """badmomentum: a donor offers honest weights with poisoned outer momentum (DiLoCo). Peers used to
+    publish and check the hash of the weights alone, so the joiner's check (load the offer, compare its
+    hash with the one the swarm agreed on) passed and the joiner's next outer steps went astray. The
+    state hash covers the outer optimizer's state, the round and the run too: the offer is refused."""
+    cfg = tiny_config(outer={"algorithm": "diloco", "momentum": 0.9, "nesterov": True})
+    donor = Engine(cfg)
+    donor.outer.step(donor.global_params, {n: torch.full_like(t, 1e-3) for n, t in donor.global_params.items()})
+    assert donor.outer.buffers
+    state, agreed = donor.shared_state(), donor.state_hash()
+    poisoned = {**state, "outer": {"buffers": {n: -50.0 * b for n, b in state["outer"]["buffers"].items()}}}
+    joiner = Engine(cfg)
+    joiner.load_shared_state(poisoned)
+    assert joiner.param_hash() == donor.param_hash()  # the weights alone: the poisoned offer passes
+    assert joiner.state_hash() != agreed  # the shared state: it is refused
+    joiner.load_shared_state(state)
+    assert joiner.state_hash() == agreed
+    joiner.load_shared_state({**state, "round": state["round"] + 1})  # same weights, another round
+    assert joiner.state_hash() != agreed
+    other_run = Engine(tiny_config(run={"run_id": "another-run"}, outer={"algorithm": "diloco", "momentum": 0.9,
+                                                                        "nesterov": True}))
+    assert other_run.param_hash() == Engine(cfg).param_hash() and other_run.state_hash() != Engine(cfg).state_hash()
+
+
+def test_the_contributors_ledger_is_shared_state_and_travels_with_it() -> None:
+    """Who contributed lately decides who witnesses the next rounds and whose votes count. Each peer used to
+    keep that list for itself, so one that had just adopted a state knew only that round's senders and
+    counted other witnesses than the rest (it had to defer to them). The ledger is now part of the shared
+    state: every apply notes the round's senders, a joiner receives it with the weights, the state hash
+    covers it, and it forgets peers after CONTRIBUTOR_ROUNDS rounds; a malformed one is refused."""
+    from gradnode.node.train.engine import CONTRIBUTOR_ROUNDS
+
+    cfg = tiny_config()
+    engines = [Engine(cfg, peer_index=i) for i in range(2)]
+    for r in range(3):
+        updates = []
+        for i, e in enumerate(engines):
+            e.inner_round()
+            updates.append(decode_update(e.make_update(sender=f"peer-{i}")))
+        for e in engines:
+            e.apply_aggregate(updates if r != 1 else updates[:1])
+    assert engines[0].contributors == {"peer-0": 2, "peer-1": 2}
+    joiner = Engine(cfg, peer_index=7)
+    joiner.load_shared_state(engines[0].shared_state())
+    assert joiner.contributors == engines[0].contributors and joiner.state_hash() == engines[0].state_hash()
+    merged = {"peer-0=2\npeer-1": 2}  # the old line encoding hashed this like the honest ledger
+    forged = Engine(cfg, peer_index=9)
+    forged.load_shared_state({**engines[0].shared_state(), "contributors": merged})
+    assert forged.state_hash() != joiner.state_hash()
+    lying = Engine(cfg, peer_index=8)
+    lying.load_shared_state({**engines[0].shared_state(), "contributors": {"peer-0": 2}})
+    assert lying.param_hash() == joiner.param_hash() and lying.state_hash() != joiner.state_hash()
+    for bad in ({"peer-0": "2"}, {"": 1}, {"peer-0": -1}, {"peer-0": 3}, ["peer-0"], None):
+        with pytest.raises(ValueError, match="contributors"):
+            Engine(cfg).load_shared_state({**engines[0].shared_state(), "contributors": bad})
+    e = engines[0]
+    for _ in range(CONTRIBUTOR_ROUNDS - 1):
+        e.apply_aggregate([])
+    assert e.contributors == {"peer-0": 2, "peer-1": 2}  # round 2 is CONTRIBUTOR_ROUNDS - 1 rounds back
+    e.apply_aggregate([])
+    assert e.contributors == {}

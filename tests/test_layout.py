@@ -1,4 +1,4 @@
-"""The architecture holds: imports run one way (protocol <- config <- train <- swarm <- sim <- bench <- cli),
+"""The architecture holds: imports run one way (protocol <- config <- train <- swarm <- status <- sim <- bench <- cli),
 no module imports a higher layer, the module graph has no cycles, and the README's architecture section
 names every module that exists."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # a module may import its own layer and the layers before it, never one after it
-LAYERS = ["gradnode.protocol", "gradnode.node.config", "gradnode.node.train", "gradnode.node.swarm",
+LAYERS = ["gradnode.protocol", "gradnode.node.config", "gradnode.node.train", "gradnode.node.swarm", "gradnode.node.status",
           "gradnode.node.sim", "gradnode.node.bench", "gradnode.node.cli"]
 
 

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gradnode.protocol.errors import ProtocolError
-from gradnode.protocol.records import (FINGERPRINT_BYTES, MAX_PEERS_PER_ROUND, MAX_RECORD_BYTES, Holdings, Proposal,
-                                       RecordError, UpdateAnnouncement, WeightHash, fingerprint, leader, majority_hash,
-                                       pack, resolve)
+from gradnode.protocol.records import (FINGERPRINT_BYTES, MAX_PEERS_PER_ROUND, MAX_RECORD_BYTES, Holdings, Report,
+                                       RecordError, UpdateAnnouncement, WeightHash, fingerprint,
+                                       majority_hash, pack, resolve)
 
 A = "QmYzqWF8yvd4ihZ6sMsf9zDEeoHEbNEKdDi7vvEEE7CebL"
 B = "Qmec4pi4nN8WCknG7kSjyrc4n7LdYmNTs117BgTRvTjC1H"
@@ -31,8 +33,8 @@ def test_round_trip_and_signing_bytes_exclude_signature() -> None:
 
 
 def test_proposal_round_trip_keeps_the_updates_and_resolves_them_against_announcements() -> None:
-    p = Proposal(run_id="run", round=1, proposer=A, included=pack([(B, D), (A, D), (A, D)]))
-    back = Proposal.from_bytes(p.to_bytes())
+    p = Report(run_id="run", round=1, witness=A, included=pack([(B, D), (A, D), (A, D)]))
+    back = Report.from_bytes(p.to_bytes())
     assert len(back.included) == 2 * FINGERPRINT_BYTES  # duplicates dropped
     other = "cd" * 32
     assert resolve(back.included, [(A, D), (B, other), (B, D)]) == ([(A, D), (B, D)], 0)
@@ -43,20 +45,21 @@ def test_proposal_round_trip_keeps_the_updates_and_resolves_them_against_announc
 def _peer(i: int) -> str:
     """A well-formed base58 peer id, one per i."""
     import base58
-    import hashlib
 
     return base58.b58encode(b"\x12\x20" + hashlib.sha256(str(i).encode()).digest()).decode()
 
 
 @pytest.mark.parametrize("members", [8, 64, 512])
 def test_round_records_of_a_large_swarm_fit_the_record_limit(members: int) -> None:
-    """Proposal, weight report and holdings of a round with ``members`` updates, signed (RSA-2048: 256
-    bytes). Spelled out, each (sender, digest) pair cost ~115 bytes: past ~140 the proposal broke 16 KiB.
-    Sizes in bytes (proposal, weight report, holdings): 8 members 534, 615, 517; 64 members 1431, 1512, 1414;
-    512 members 8599, 8680, 8582. The pairs spelled out alone: 921, 7363, 58883."""
+    """Witness report, weight report and holdings of a round with ``members`` updates, signed (RSA-2048: 256
+    bytes), and a decision. Spelled out, each (sender, digest) pair cost ~115 bytes: past ~140 the report
+    broke 16 KiB. Sizes in bytes (report, weight report, holdings): 8 members 605, 615, 517; 64 members
+    1502, 1512, 1414; 512 members 8670, 8680, 8582 (a report names its chain: 71 bytes of seed). The pairs
+    spelled out alone: 921, 7363, 58883."""
     pairs = [(_peer(i), f"{i:064x}") for i in range(members)]
     sig = b"s" * 256
-    recs = [Proposal(run_id="gradnode-demo-0123456789abcdef", round=10**6, proposer=pairs[0][0], included=pack(pairs)),
+    recs = [Report(run_id="gradnode-demo-0123456789abcdef", round=10**6, witness=pairs[0][0], seed="f" * 64,
+                     included=pack(pairs)),
             WeightHash(run_id="gradnode-demo-0123456789abcdef", round=10**6, peer=pairs[0][0], param_hash="f" * 64,
                        included=pack(pairs), update_bytes=2**30),
             Holdings(run_id="gradnode-demo-0123456789abcdef", round=10**6, peer=pairs[0][0], held=pack(pairs))]
@@ -95,16 +98,9 @@ def test_random_bytes_never_escape_as_other_errors(data: bytes) -> None:
 
 def test_proposal_size_is_bounded() -> None:
     with pytest.raises(ValueError):
-        Proposal(run_id="run", round=1, proposer=A, included=b"x" * FINGERPRINT_BYTES * (MAX_PEERS_PER_ROUND + 1))
+        Report(run_id="run", round=1, witness=A, included=b"x" * FINGERPRINT_BYTES * (MAX_PEERS_PER_ROUND + 1))
     with pytest.raises(ValueError):  # a torn fingerprint
-        Proposal(run_id="run", round=1, proposer=A, included=b"x" * (FINGERPRINT_BYTES + 1))
-
-
-def test_leader_is_lowest_proposer_whatever_the_order() -> None:
-    pa = Proposal(run_id="run", round=1, proposer=A)
-    pb = Proposal(run_id="run", round=1, proposer=B, included=pack([(B, D)]))
-    assert leader([pb, pa]) is pa and leader([pa, pb]) is pa
-    assert leader([pb]) is pb and leader([]) is None
+        Report(run_id="run", round=1, witness=A, included=b"x" * (FINGERPRINT_BYTES + 1))
 
 
 def test_majority_hash_prefers_a_majority_then_the_lowest_peer() -> None:
@@ -129,11 +125,11 @@ def test_update_sender_reads_the_sender_back_from_an_update_name() -> None:
     assert update_sender(state_chunk_name("run", 7, D)) is None
 
 
-def test_a_proposal_spelled_out_from_the_network_is_parsed_strictly() -> None:
-    """The fallback when a fingerprint names no announcement in sight: the leader serves its proposal spelled
-    out (a msgpack list of [sender, digest]); what comes back is hostile bytes until it parses strictly and
-    its fingerprints equal the signed proposal's."""
-    from gradnode.node.swarm.exchange import _pairs
+def test_a_set_spelled_out_from_the_network_is_parsed_strictly() -> None:
+    """The fallback when a fingerprint names no announcement in sight, and how a decided set is fetched: a
+    witness serves its report spelled out, a decider its set (a msgpack list of [sender, digest]); what comes
+    back is hostile bytes until it parses strictly and its fingerprints equal the signed record's."""
+    from gradnode.node.swarm.agreement import spelled_out as _pairs
 
     good = msgpack.packb([[A, D], [B, D]])
     assert _pairs(good) == [(A, D), (B, D)] and pack(_pairs(good) or []) == pack([(B, D), (A, D)])

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from gradnode.node.bench import pyplot
 from gradnode.node.config import Config, config_from_dict
 from gradnode.node.train.data import Batches, load_corpus
 from gradnode.node.train.engine import Engine, schedule_steps
@@ -223,13 +224,7 @@ def goals(results: list[BenchResult]) -> list[tuple[str, float, float, bool]]:
 
 
 def plot(results: list[BenchResult], path: str, title: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ValueError("--plot needs matplotlib: pip install 'gradnode[plot]'") from None
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for r in results:
         xs, ys = zip(*r.curve)

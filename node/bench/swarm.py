@@ -12,6 +12,10 @@
    fit on a laptop), and of the upload, the copies of the peer's own update: all-to-all exchange
    means every peer downloads N-1 updates, so mean upload = mean download grows with N; gossip keeps
    each sender's upload of its own update about flat, the rest is relaying others' updates.
+
+Every swarm also reports its re-syncs, the rounds whose weights split (even where a re-sync repaired
+them), and the share of the peers' own updates that made their round (a swarm agreeing on empty sets
+would split nothing).
 """
 
 from __future__ import annotations
@@ -34,6 +38,16 @@ def _swarm(out: Path, peers: int, rounds: int, config: Path | None, overrides: l
     return sim.run(s, live=False)
 
 
+def split_rounds(peers: list[dict[str, Any]]) -> list[int]:
+    """Rounds after which the peers that recorded a weight hash for them did not all record the same one
+    (a split, even one a re-sync repaired later: the losing side keeps its old hash in its round log)."""
+    seen: dict[str, set[str]] = {}
+    for p in (p for p in peers if p.get("role", "honest") == "honest"):  # an adversary's hash says nothing
+        for r, h in p.get("hashes", {}).items():
+            seen.setdefault(r, set()).add(h)
+    return sorted(int(r) for r, hashes in seen.items() if len(hashes) > 1)
+
+
 def _per_round(summary: dict[str, Any]) -> dict[str, Any]:
     ok = [p for p in summary["peers"] if "error" not in p]
     rounds = max(1, summary["rounds"])
@@ -46,6 +60,9 @@ def _per_round(summary: dict[str, Any]) -> dict[str, Any]:
             "phase_s_per_round": {k: statistics.mean(p.get("phase_s_per_round", {}).get(k, 0.0) for p in ok)
                                   for k in phases},
             "peers": len(summary["peers"]), "finished": len(ok), "identical_hashes": summary["identical_hashes"],
+            "resyncs": sum(p.get("resyncs", 0) for p in ok), "split_rounds": split_rounds(ok),
+            # the share of the peers' own updates that made their rounds: agreeing on empty sets is no success
+            "own_included_rate": statistics.mean(p.get("contributed", 0) / rounds for p in ok) if ok else 0.0,
             "up_per_peer_round_mean": statistics.mean(up) if up else 0.0, "up_per_peer_round_max": max(up, default=0),
             "down_per_peer_round_mean": statistics.mean(down) if down else 0.0,
             "utilization_mean": statistics.mean(p["utilization"] for p in ok) if ok else 0.0,
@@ -75,7 +92,8 @@ def print_result(result: dict[str, Any]) -> None:
     console.print(f"4 peers, link cap {result['bandwidth']} ({result['link']}): "
                   f"utilization {u['utilization_mean']:.1%}, "
                   f"non-overlapped communication {u['comm_wait_s_per_round']:.2f} s/round, "
-                  f"identical weights: {u['identical_hashes']}")
+                  f"identical weights: {u['identical_hashes']}, re-syncs: {u['resyncs']}, "
+                  f"rounds split: {len(u['split_rounds'])}, own updates in their round: {u['own_included_rate']:.0%}")
     console.print(f"  without the run's end (the last round's exchange has nothing to overlap with): utilization "
                   f"{u['utilization_steady_mean']:.1%}, non-overlapped communication "
                   f"{u['comm_wait_s_per_round_steady']:.2f} s/round")
@@ -86,11 +104,12 @@ def print_result(result: dict[str, Any]) -> None:
                   ", ".join(f"{k} {v:.2f}" for k, v in u["phase_s_per_round"].items() if k not in main))
     t = Table(title="traffic per peer per round")
     for col in ("peers", "up mean KB", "up max KB", "own update up mean KB", "own update up max KB", "down mean KB",
-                "identical"):
+                "identical", "re-syncs", "rounds split", "own updates in"):
         t.add_column(col, justify="right")
     for row in result["traffic"]:
         t.add_row(str(row["peers"]), f"{row['up_per_peer_round_mean'] / 1e3:.1f}",
                   f"{row['up_per_peer_round_max'] / 1e3:.1f}", f"{row['own_update_up_per_peer_round_mean'] / 1e3:.1f}",
                   f"{row['own_update_up_per_peer_round_max'] / 1e3:.1f}", f"{row['down_per_peer_round_mean'] / 1e3:.1f}",
-                  str(row["identical_hashes"]))
+                  str(row["identical_hashes"]), str(row["resyncs"]), str(len(row["split_rounds"])),
+                  f"{row['own_included_rate']:.0%}")
     console.print(t)

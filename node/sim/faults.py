@@ -15,8 +15,25 @@
                             each other peer's) to every peer each round
            | flood:P[@rN]   adversary: P runs 8 more identities of its own making (real DHT nodes, valid keys)
                             that publish 'training' member records and never an update, and an oversized value
+           | sybilvotes:P[@rN] adversary: P runs 8 more identities of its own making that never send an update
+                            but report a weight hash nobody holds for every round, and follow a chain of them
            | replayleave:P[@rN] adversary: P stores every other peer's newest signed 'leaving' record again,
                             each under a key of its own making (pair it with stop:X and restart:X)
+           | equivocate:P[@rN] adversary: P publishes two different witness reports for each round (the
+                            second names only its own update), taking turns in the DHT every 0.1 s for a second
+           | lowid:P[@rN]   adversary: P grinds 24 keys for the lowest peer id and reports only its own
+                            update (a witness that censors)
+           | futurestate:P[@rN] adversary: P offers its state claimed for a round 10^6 ahead (under the hash of
+                            that claim) and publishes a chain listing it
+           | badmomentum:P[@rN] adversary: P offers honest weights with its outer momentum scaled by -1000,
+                            under the honest hash
+           | signflip:P[@rN] adversary: P sends its own update negated (validly signed, honest tokens)
+           | noise:P[@rN]   adversary: P sends Gaussian noise through the codec, at its own update's norm
+           | freerider:P[@rN] adversary: P sends, as its own, another peer's update that the previous round
+                            applied (it trains, but sends what someone else computed)
+           | lazy:P[@rN]    adversary: P trains every round on one fixed batch, whatever it was assigned
+           | crossrun:P[@rN] adversary: the run is made with a genesis (open) and P replays, as its updates,
+                            the ones it signed in an earlier run of the same name, config and seed
            | intruder:P     adversary: the run is permissioned (an authority admits every other peer) and P
                             joins without an admission certificate
            | slow:PxF       every inner step of P is F times slower (a straggler)
@@ -44,9 +61,13 @@ from gradnode.node.config import parse_rate
 LIFE = ("kill", "restart", "stop", "join")  # timed, on a process
 BEHAVIOUR = {"corrupt": "corrupt", "forge": "forge", "tamper": "tamper_state",  # timed, swarm.fault of a peer
              "tokens": "tokens", "dense": "dense", "slowhold": "slowhold", "intruder": "intruder",
-             "pushflood": "pushflood", "flood": "flood", "replayleave": "replayleave"}
+             "pushflood": "pushflood", "flood": "flood", "replayleave": "replayleave",
+             "equivocate": "equivocate", "crossrun": "crossrun", "sybilvotes": "sybilvotes",
+             "lowid": "lowid", "futurestate": "futurestate", "badmomentum": "badmomentum",
+             "signflip": "signflip", "noise": "noise", "freerider": "freerider", "lazy": "lazy"}
 # behaviours whose round is optional (default: from the start)
-ADVERSARY = ("tokens", "dense", "slowhold", "intruder", "pushflood", "flood", "replayleave")
+ADVERSARY = ("tokens", "dense", "slowhold", "intruder", "pushflood", "flood", "replayleave", "equivocate",
+             "crossrun", "sybilvotes", "lowid", "futurestate", "badmomentum", "signflip", "noise", "freerider", "lazy")
 STATIC = ("slow", "bw", "client")
 NETWORK = ("partition", "heal")
 ORDER = ("partition", "heal", *LIFE)  # events of one round fire in this order

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
+
+from gradnode.node import write_json
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +94,8 @@ class AddressBook:
         if self.path is None:
             return
         data: dict[str, Any] = {"peers": {p: {"maddrs": e.maddrs, "seen": e.seen} for p, e in self.entries.items()}}
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
-            tmp.write_text(json.dumps(data, indent=1))
-            os.replace(tmp, self.path)
+            write_json(self.path, data, indent=1)
         except OSError as err:  # a full disk costs only the addresses of this save
             log.warning("address book not saved (%s)", err)
 

@@ -1,7 +1,7 @@
 """Who may take part in a run. Open runs (no authority key in the genesis): anyone with a key. Permissioned
 runs: the run authority signs an Admission for each peer (`gradnode admit PEER_ID`), which travels in the
 peer's member record; a member record without a valid one (signed by the authority, for this run and this
-peer, not expired, not revoked) is dropped, so its author has no known key: its updates, proposals, weight
+peer, not expired, not revoked) is dropped, so its author has no known key: its updates, reports, weight
 votes and state offers fail verification, and its streams are refused (Transport.admits). The authority
 revokes with a signed Revocation record in the DHT (`gradnode revoke PEER_ID`); peers read it every time
 they read the member list.

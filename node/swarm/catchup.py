@@ -24,7 +24,7 @@ from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm.membership import Membership
 from gradnode.node.swarm.rules import UpdateRules
 from gradnode.node.swarm.transport import Transport
-from gradnode.protocol.records import UpdateAnnouncement, WeightHash, majority_hash, resolve, update_name
+from gradnode.protocol.records import UpdateAnnouncement, majority_hash, resolve, update_name
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def plan(membership: Membership, start: int, end: int) -> list[MissedRound] | No
     """The majority report of every round in [start, end); None when a round has no usable report."""
     missed = []
     for r in range(start, end):
-        reports = [w for w in membership.read("weights", r, WeightHash) if w.round == r]
+        reports = membership.reports(r)
         found = majority_hash(reports)
         if found is None:
             log.info("catch-up: no weight report for round=%d", r)
@@ -77,9 +77,8 @@ def start_matches(engine: Any, membership: Membership) -> bool:
     """Our weights are the swarm's at our round (the report of round - 1 agrees), or there is no report."""
     if engine.round < 1:
         return True
-    reports = [w for w in membership.read("weights", engine.round - 1, WeightHash) if w.round == engine.round - 1]
-    found = majority_hash(reports)
-    return found is None or found[0] == engine.param_hash()
+    found = majority_hash(membership.reports(engine.round - 1))
+    return found is None or found[0] == engine.state_hash()
 
 
 def replay(engine: Any, missed: list[MissedRound], *, transport: Transport, membership: Membership,
@@ -112,8 +111,8 @@ def replay(engine: Any, missed: list[MissedRound], *, transport: Transport, memb
             transport.blobs.put(update_name(rules.run_id, m.round, sender), blob)  # serve it on, like a live round
         assert engine.round == m.round, f"replay out of order: engine at {engine.round}, round {m.round}"
         engine.apply_aggregate(updates, weights)
-        if engine.param_hash() != m.param_hash:
+        if engine.state_hash() != m.param_hash:
             log.warning("catch-up: round=%d replayed to hash=%s, the swarm has %s", m.round,
-                        engine.param_hash()[:12], m.param_hash[:12])
+                        engine.state_hash()[:12], m.param_hash[:12])
             return False
     return True

@@ -54,6 +54,18 @@ class StateOffer:
     round: int
 
 
+def off_majority(reports: list[WeightHash], mine: str | None, chains: ChainView) -> bool:
+    """Our hash ``mine`` of a round loses the majority vote of its weight reports. A peer that follows our chain
+    now counts for our hash: its report is of a chain it has left since (after a healed split the losing
+    side adopts the winner's chain, and its old reports of the rounds before the merge tie 2-2 with the
+    winners'; the tie went to the losers' old hash, and the winners re-synced towards a state nobody offered
+    any more, stalled max_wait_s, and the run ended split in two)."""
+    if mine is None:
+        return False
+    found = majority_hash(reports, moved={p: mine for p in chains.allies})
+    return found is not None and found[0] != mine
+
+
 class Chores:
     """One worker thread; at most one round's job in flight."""
 
@@ -73,8 +85,7 @@ class Chores:
         report = HashReport(*newest) if newest is not None else None
         offer = None
         if not self.sw.client_mode:  # nobody can fetch from a client-mode peer
-            state = adversary.offered_state(self.sw, engine.round, engine.shared_state())
-            offer = StateOffer(state, engine.param_hash(), engine.round)
+            offer = StateOffer(*adversary.offered(self.sw, engine))
         every = self.cfg.checkpoint.every_rounds
         snap = engine.snapshot() if every and engine.round % every == 0 else None
         self._job = self._pool.submit(self._run, report, offer, snap)
@@ -94,10 +105,10 @@ class Chores:
         return found
 
     def _run(self, report: HashReport | None, offer: StateOffer | None, snap: "Snapshot | None") -> Findings:
-        mismatch = None
+        before = None
         if report is not None:
             with self.phases.time("hash_check"):
-                mismatch = self._report_hash(report)
+                before = self._report_hash(report)
         if offer is not None:
             with self.phases.time("offer_state"):
                 statesync.offer(offer.state, offer.param_hash, offer.round, transport=self.transport,
@@ -109,23 +120,20 @@ class Chores:
         if snap is not None:
             with self.phases.time("checkpoint"):
                 self.save(snap)
+        mismatch = None
+        if report is not None and before is not None and off_majority(before, report.previous_hash, chains):
+            mismatch = report.round - 1
         return Findings(mismatch, chains)
 
-    def _report_hash(self, r: HashReport) -> int | None:
-        """Publish the weight hash of our newest applied round; the round before when our hash of it
-        disagrees with the majority."""
+    def _report_hash(self, r: HashReport) -> list[WeightHash] | None:
+        """Publish the weight hash of our newest applied round; the reports of the round before, when we hold
+        a hash of it to check against them."""
         ttl = kept_for_catchup(self.sw, self.round_seconds())
         self.members.write("weights", r.round, WeightHash(run_id=self.cfg.run.run_id, round=r.round,
                                                           peer=self.members.identity.peer_id,
                                                           param_hash=r.param_hash, included=pack(r.included),
                                                           update_bytes=r.update_bytes), ttl=ttl)
-        if r.previous_hash is None:
-            return None
-        reports = self.members.read("weights", r.round - 1, WeightHash)
-        found = majority_hash([w for w in reports if w.round == r.round - 1])
-        if found is None or found[0] == r.previous_hash:
-            return None
-        return r.round - 1
+        return None if r.previous_hash is None else self.members.reports(r.round - 1)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)

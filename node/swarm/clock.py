@@ -2,7 +2,7 @@
 
 The swarm has no shared clock. A round's deadline is read off the DHT: once half the live training
 peers have announced their update for round r (the anchor), the round closes ``(slack - 1) x`` the
-median peer's round time later (at least ``min_deadline_s``). Each peer times those announcements
+(lower) median peer's round time later (at least ``min_deadline_s``). Each peer times those announcements
 on its own monotonic clock, from the age the DHT gives them. "Live training peers" are those that
 work (``Membership.counted``): the last round's senders and this round's announcers, so that member
 records of keys made in bulk, which never send an update, cannot keep a deadline from starting.
@@ -138,10 +138,15 @@ class RoundClock:
         now = time.monotonic()
         if self.steps:  # the step that just ran: from the end of the previous call to now
             compute = now - self.last
-            if cfg.slowdown > 1:  # testing aid: a straggler, its steps stretched by sleeping
-                time.sleep((cfg.slowdown - 1) * compute)
+            # testing aid: a straggler, its steps stretched by sleeping. Not the process's first step: that one
+            # is torch's start-up (allocations, first kernels, ~0.3 s here against ~4 ms a step after), and
+            # stretched 100x it started a 5x straggler half a minute behind the others
+            stretch = cfg.slowdown if self.clock.warm else 1.0
+            if stretch > 1:
+                time.sleep((stretch - 1) * compute)
                 now = time.monotonic()
-            self.step_s = compute * max(1.0, cfg.slowdown)
+            self.step_s = compute * stretch
+            self.clock.warm = True
         self.steps += 1
         stop = self.clock.stop.is_set() or (self.steps > cfg.min_steps and self._past(now))
         self.last = time.monotonic()
@@ -160,9 +165,10 @@ class Clock:
                  stop: threading.Event) -> None:
         self.members, self.cfg, self.me, self.inner_steps, self.stop = members, cfg, me, inner_steps, stop
         self.step_s = 0.0
+        self.warm = False  # an inner step ran in this process already (swarm.slowdown stretches only those)
 
     def round_seconds(self) -> float:
-        """The median peer's full-round compute time (ours until others report theirs)."""
+        """The (lower) median peer's full-round compute time (ours until others report theirs)."""
         return self.members.round_seconds(self.step_s * self.inner_steps or self.cfg.min_deadline_s)
 
     def for_round(self, round_: int) -> RoundClock:

@@ -9,16 +9,17 @@ How every honest peer ends a round with the same set of updates (and so with ide
 2. The round's deadline comes from observed speeds: once half the live training peers have announced
    (the anchor), the window is ``(slack - 1) x`` the median peer's round time (at least
    ``min_deadline_s``). It ends early when every live training peer's update has been verified.
-3. At the deadline the peers agree on the set (agreement.py: proposals and the round's leader), then
-   fetch whatever the decided set holds that they lack.
+3. At the deadline every witness reports what it verified, and the round's set is what a strict majority
+   of the reports lists (agreement.py); peers fetch whatever it holds that they lack. Just before a peer
+   applies the round (``result``), it counts the reports again as they stand then.
 
 An update that misses the deadline is excluded by everyone alike; its sender gets ``own_included =
 False`` and puts the content back into its local progress, so nothing is lost.
 
 A peer too slow for round r (its deadline is nearer than the peer's fewest steps) *abstains*: it writes
-an abstaining proposal at once (nobody waits for it to lead), computes for round r+1 instead, and learns
-round r's decision as an *observer* (``blob=None``: it announces and proposes nothing, and follows the
-leader like everyone else). So a 5x slower peer stays in phase and contributes every other round or
+an abstaining report at once (nobody waits for it), computes for round r+1 instead, and learns round
+r's decision as an *observer* (``blob=None``: it announces and reports nothing, and decides on the
+witnesses' reports like everyone else). So a 5x slower peer stays in phase and contributes every other round or
 better, instead of announcing each update after its round was decided.
 """
 
@@ -27,29 +28,28 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
+import statistics
 import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable
-
-import msgpack
+from typing import Any, Callable, Iterable
 
 from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm import adversary
-from gradnode.node.swarm.agreement import POLL_S, Agreement
+from gradnode.node.swarm.agreement import POLL_S, Agreement, Verdict, spelled_out
 from gradnode.node.swarm.clock import deadline_from, window_s
+from gradnode.node.swarm.equivocation import Equivocators
 from gradnode.node.swarm.membership import Membership, kept_for_catchup
-from gradnode.node.swarm.rules import UpdateRules
+from gradnode.node.swarm.rules import JUDGEMENTS, UpdateRules
 from gradnode.node.swarm.transport import Transport
 from gradnode.protocol.records import (
     MAX_PEERS_PER_ROUND,
     Holdings,
-    Proposal,
     UpdateAnnouncement,
     fingerprint,
     pack,
-    proposal_list_name,
+    report_list_name,
     resolve,
     unpack,
     update_name,
@@ -62,12 +62,15 @@ class Rejections:
     """Rejected updates per sender and reason (rules.REASONS), and who is ignored for it.
 
     A sender rejected ``ignore_after`` times (in separate rounds or for separate reasons) is ignored for
-    the next ``ignore_rounds`` rounds: its announcements are not fetched and its pushes are refused. This
-    only saves the receiver's bandwidth and CPU; the round's decision is still followed as it is, so
-    peers whose views of an attacker differ never diverge because of it."""
+    the next ``ignore_rounds`` rounds (a loss-check verdict, rules.JUDGEMENTS, is counted but is no strike:
+    it is a noisy judgement, and honest updates fail it at times): its announcements are not fetched and its pushes are refused. This
+    only saves the receiver's bandwidth and CPU; the round's set is still what the witnesses' reports give, so
+    peers whose views of an attacker differ never diverge because of it. ``banned``: peers ignored for
+    good besides (set by the peer: the witnesses it caught equivocating, equivocation.py)."""
 
     def __init__(self, ignore_after: int = 3, ignore_rounds: int = 10) -> None:
         self.ignore_after, self.ignore_rounds = ignore_after, ignore_rounds
+        self.banned: Callable[[], Iterable[str]] = tuple
         self._counts: dict[str, Counter] = defaultdict(Counter)
         self._strikes: Counter = Counter()
         self._until: dict[str, int] = {}
@@ -76,6 +79,8 @@ class Rejections:
     def add(self, sender: str, reason: str, round_: int) -> None:
         with self._lock:
             self._counts[sender][reason] += 1
+            if reason in JUDGEMENTS:  # counted, and left out of this witness's report; never a strike
+                return
             self._strikes[sender] += 1
             starts = self._strikes[sender] >= self.ignore_after and self.ignore_rounds > 0
             if starts:
@@ -89,7 +94,8 @@ class Rejections:
     def ignored(self, round_: int) -> list[str]:
         """Senders ignored in round ``round_``."""
         with self._lock:
-            return sorted(s for s, until in self._until.items() if round_ < until)
+            ignored = {s for s, until in self._until.items() if round_ < until}
+        return sorted(ignored.union(self.banned()))
 
     def total(self) -> int:
         with self._lock:
@@ -105,13 +111,14 @@ class Outcome:
     """What round r's exchange decided."""
 
     round: int
-    updates: list[Any]  # DecodedUpdate, in the leader's (sender-sorted) order
+    updates: list[Any]  # DecodedUpdate, sorted by sender
     weights: list[float]
     senders: list[str]
     own_included: bool
-    leader: str | None
-    decided: bool  # False: no proposal arrived in time (the round is skipped by this peer)
+    witnesses: int  # reports the set was counted from (0: undecided)
+    decided: bool  # False: no report arrived in time and nobody decided (the round is skipped by this peer)
     seconds: float  # from announcement to decision
+    recounted: bool = False  # the reports counted again before applying gave another set than at the deadline
 
 
 @dataclass
@@ -125,47 +132,66 @@ class RoundExchange(threading.Thread):
 
     def __init__(self, *, transport: Transport, membership: Membership, cfg: SwarmConfig, run_id: str,
                  round_: int, blob: bytes | None, tokens: int, round_seconds: float, rules: UpdateRules,
-                 rejections: Rejections, stop: threading.Event, eligible: list[str] | None = None,
-                 leaving: threading.Event | None = None, lead: bool = True) -> None:
+                 rejections: Rejections, stop: threading.Event, seed: str, eligible: list[str] | None = None,
+                 leaving: threading.Event | None = None, witness: bool = True,
+                 equivocators: Equivocators | None = None,
+                 judge: Callable[[Any, float | None], str | None] | None = None) -> None:
         super().__init__(name=f"exchange-{round_}", daemon=True)
         self.transport, self.members, self.cfg, self.run_id = transport, membership, cfg, run_id
         self.round, self.blob, self.tokens, self.round_seconds = round_, blob, tokens, round_seconds
         self.rules, self.rejections, self.stop_event = rules, rejections, stop
+        self.judge = judge  # the witness's loss check of another peer's update: a rejection reason, or None
         self.me = transport.peer_id
-        self.observer = blob is None  # no update of its own: it follows the decision, never leads
+        self.observer = blob is None  # no update of its own: it reports nothing, and counts the others' reports
         self.agreement = Agreement(members=membership, cfg=cfg, run_id=run_id, round_=round_, me=self.me,
-                                   eligible=eligible, may_lead=not self.observer and lead,
-                                   round_seconds=round_seconds, leaving=leaving or threading.Event())
+                                   eligible=eligible, witness=not self.observer and witness,
+                                   round_seconds=round_seconds, leaving=leaving or threading.Event(), seed=seed,
+                                   equivocators=equivocators)
         self.digest = hashlib.sha256(blob).hexdigest() if blob is not None else ""
         self.verified: dict[str, _Verified] = {}
         self.first_seen: dict[str, float] = {}
         self.announced: dict[str, UpdateAnnouncement] = {}
         self._fetching: dict[str, Any] = {}
         self._rejected: set[tuple[str, str]] = set()
+        self.doubted: set[str] = set()  # senders whose update this witness's loss check judged harmful
+        self._reported = False
         self._claiming = False  # testing aid: the 'slowhold' adversary lists updates it does not hold
+        self.verdict: Verdict | None = None  # the set this peer's reports gave
         self._outcome: Outcome | None = None
+        self._t0 = time.monotonic()
         self._done = threading.Event()
 
     # --- public -----------------------------------------------------------------------------------
 
     def result(self, timeout: float) -> Outcome | None:
-        self._done.wait(timeout)
+        """The round's outcome, counted again just before it is applied (agreement.settle): when the reports as
+        they stand give another set than at the deadline (one reached this peer after its grace period), that
+        one, with whatever it holds that this peer lacks fetched now."""
+        if not self._done.wait(timeout):
+            return self._outcome
+        try:
+            settled = self.agreement.settle(self.verdict)
+            if settled is not None and settled is not self.verdict:
+                self.verdict = settled
+                self._outcome = self._assemble(settled, recounted=True)
+        except Exception:  # a bug here must not kill the peer: the outcome of the first count stands
+            log.exception("second count crashed round=%d", self.round)
         return self._outcome
 
     # --- the round, top to bottom -----------------------------------------------------------------
 
     def run(self) -> None:
-        t0 = time.monotonic()
         try:
             if not self.observer:
                 self._announce()
             self._collect()
-            self.agreement.propose([(s, v.digest) for s, v in self.verified.items()])
-            chosen = self.agreement.decide(self.stop_event, tick=self._tick)
-            self._outcome = self._assemble(chosen, t0)
+            self.agreement.report([(s, v.digest) for s, v in self.verified.items() if s not in self.doubted])
+            self._reported = True
+            self.verdict = self.agreement.decide(self.stop_event, tick=self._tick)
+            self._outcome = self._assemble(self.verdict)
         except Exception:  # a bug here must not kill the peer; the round counts as undecided
             log.exception("exchange crashed round=%d", self.round)
-            self._outcome = Outcome(self.round, [], [], [], False, None, False, time.monotonic() - t0)
+            self._outcome = Outcome(self.round, [], [], [], False, 0, False, time.monotonic() - self._t0)
         finally:
             self._done.set()
 
@@ -202,9 +228,15 @@ class RoundExchange(threading.Thread):
         log.info("update pushed round=%d to=%d accepted=%d", self.round, len(targets), accepted)
 
     def _collect(self) -> None:
-        """Fetch announced updates until the deadline (or until every live trainer's update is in)."""
+        """Fetch announced updates until every live trainer's update is in, or until the deadline and then
+        until the updates announced by then are verified (at most one more deadline window): a witness reports
+        what it verified, and an update is in the round only when most witnesses list it, so a report cut at
+        the deadline while the fetches of in-time updates were still running left those updates out (8 peers
+        on 2 cores: every witness had verified its own update alone, and the rounds applied nothing)."""
         hard_stop = time.monotonic() + self.cfg.max_wait_s
-        while not self.stop_event.is_set() and time.monotonic() < hard_stop:
+        awaited: set[str] | None = None  # the updates announced by the deadline: what the report waits for
+        finish_by = hard_stop
+        while not self.stop_event.is_set() and time.monotonic() < min(hard_stop, finish_by):
             self._tick()
             # live: the counted trainers keeping up (Membership.keeping_up: the last round's senders and this
             # round's announcers). Another trainer (a newcomer, or a key made in bulk) holds no deadline off,
@@ -212,54 +244,85 @@ class RoundExchange(threading.Thread):
             # window to arrive in
             trainers, live = self.members.keeping_up(self.round, self.announced)
             live |= self._me_if_sender()
+            if not live <= set(self.verified):  # stragglers that said they sit this round out are not waited for
+                sitting_out = self.agreement.abstaining()
+                trainers, live = trainers - sitting_out, live - sitting_out
             deadline = deadline_from(self.first_seen, len(live), self.round_seconds, self.cfg)
             everyone = live <= set(self.verified) and trainers <= live
-            late = deadline is not None and time.monotonic() >= deadline
-            if everyone or late or self.agreement.decided_elsewhere(live):
+            # most witnesses reported and no fetch is under way: the round is past their deadline, and waiting
+            # for updates not even announced gains nothing (an update in flight is waited for: a witness that
+            # cut it short once left an honest update one report short of the majority)
+            moved_on = not self._fetching and self.agreement.majority_reported(live)
+            if awaited is None and deadline is not None and time.monotonic() >= deadline:
+                # the updates of recent contributors (all, in a run's first round) announced by now: a key that
+                # never contributed cannot stretch every round by announcing an update it never serves
+                known = self.agreement.eligible
+                awaited = {s for s in self.announced if not known or s in known}
+                finish_by = time.monotonic() + window_s(self.cfg, self.round_seconds)
+            fetched = awaited is not None and not any(s in self._fetching for s in awaited)
+            if everyone or moved_on or fetched:
                 log.info("collect done round=%d verified=%d live=%d why=%s", self.round, len(self.verified),
-                         len(live), "everyone" if everyone else "deadline" if late else "decided elsewhere")
+                         len(live), "everyone" if everyone else "others reported" if moved_on else "deadline")
                 return
             time.sleep(POLL_S)
+        log.info("collect done round=%d verified=%d announced=%d why=deadline and a window", self.round,
+                 len(self.verified), len(self.announced))
 
     def _me_if_sender(self) -> set[str]:
         """{this peer} when it sent an update this round; an observer counts neither as live nor eligible."""
         return set() if self.observer else {self.me}
 
-    def _decided(self, chosen: Proposal) -> tuple[list[tuple[str, str]], int]:
-        """The (sender, digest) pairs the leader's fingerprints name, resolved against the round's announcements
-        (read again if one is not known yet), and how many named nothing announced."""
+    def _spell_out(self, fps: bytes) -> tuple[list[tuple[str, str]], int]:
+        """The (sender, digest) pairs ``fps`` name, and how many it names that stayed unknown: resolved against
+        the round's signed announcements (read again if one is not known yet), else from the spelled-out report
+        of a witness that listed it (announcements out of sight: a split network, a slow DHT), checked
+        fingerprint for fingerprint against that witness's signed report."""
         known = lambda: [(s, a.digest) for s, a in self.announced.items()] + \
             [(s, v.digest) for s, v in self.verified.items()]  # noqa: E731
-        pairs, unknown = resolve(chosen.included, known())
+        pairs, unknown = resolve(fps, known())
         if unknown:
             self._scan()
-            pairs, unknown = resolve(chosen.included, known())
-        if unknown:  # announcements out of sight (a split network, a slow DHT): ask the proposer for its list
-            spelled = self._proposal_list(chosen)
-            if spelled is not None:
-                pairs, unknown = spelled, 0
+            pairs, unknown = resolve(fps, known())
+        if unknown:
+            missing = set(unpack(fps)) - {fingerprint(s, d) for s, d in pairs}
+            reports = self.agreement.reports()
+            for w in self.agreement.witnesses_listing(sorted(missing), reports):
+                listed = self._report_list(w, reports[w].included)
+                found = {p for p in listed or () if fingerprint(*p) in missing}
+                pairs = sorted(set(pairs) | found)
+                missing -= {fingerprint(*p) for p in found}
+                if not missing:
+                    break
+            unknown = len(missing)
         return pairs, unknown
 
-    def _proposal_list(self, chosen: Proposal) -> list[tuple[str, str]] | None:
-        """The leader's proposal spelled out, fetched from it and checked fingerprint for fingerprint."""
-        data = self.transport.fetch(self.members.sources([chosen.proposer]),
-                                    proposal_list_name(self.run_id, self.round, chosen.proposer),
+    def _report_list(self, witness: str, included: bytes) -> list[tuple[str, str]] | None:
+        """A witness's report spelled out, fetched from it and checked fingerprint for fingerprint."""
+        data = self.transport.fetch(self.members.sources([witness]),
+                                    report_list_name(self.run_id, self.round, witness),
                                     max_bytes=200 * MAX_PEERS_PER_ROUND,
                                     deadline=time.monotonic() + window_s(self.cfg, self.round_seconds),
-                                    verify=lambda data: pack(_pairs(data) or []) == chosen.included)
-        return None if data is None else _pairs(data)
+                                    verify=lambda data: pack(spelled_out(data) or []) == included)
+        return None if data is None else spelled_out(data)
 
-    def _assemble(self, chosen: Proposal | None, t0: float) -> Outcome:
-        if chosen is None:
-            return Outcome(self.round, [], [], [], False, None, False, time.monotonic() - t0)
-        included, unknown = self._decided(chosen)
+    def _assemble(self, verdict: Verdict | None, recounted: bool = False) -> Outcome:
+        if verdict is None:
+            return Outcome(self.round, [], [], [], False, 0, False, time.monotonic() - self._t0)
+        included, unknown = self._spell_out(verdict.fps)
+        twice = {s for s, n in Counter(s for s, _ in included).items() if n > 1}
+        if twice:  # a sender that announced two versions of its update, both listed by most witnesses
+            log.warning("round=%d: left out, named with two updates each: %s", self.round,
+                        ",".join(s[:12] for s in sorted(twice)))
+            included = [(s, d) for s, d in included if s not in twice]
         missing = [(s, d) for s, d in included if s not in self.verified or self.verified[s].digest != d]
-        # what the decided set holds is normally in hand by now; what is not, within a few deadline windows,
-        # is out of reach (a holder gone, a split network): apply without it, and the hash check repairs
+        # what the set holds is normally in hand by now (a majority of the witnesses verified it, and serves
+        # it); what is not, within a few deadline windows, is out of reach (holders gone, a split network):
+        # apply without it, and the hash check repairs
         window = window_s(self.cfg, self.round_seconds)
         hard_stop = time.monotonic() + min(self.cfg.max_wait_s, max(10.0, 4 * window))
         for sender, digest in missing:
             self.verified.pop(sender, None)
+            self._fetching.pop(sender, None)
             self._start_fetch(sender, digest, hard_stop)
         while any(s not in self.verified for s, _ in included) and time.monotonic() < hard_stop \
                 and not self.stop_event.is_set():
@@ -269,12 +332,12 @@ class RoundExchange(threading.Thread):
             time.sleep(0.05)
         got = [s for s, d in included if s in self.verified and self.verified[s].digest == d]
         if len(got) != len(included) + unknown:
-            log.warning("round=%d leader=%s included %d updates (%d never announced), %d obtained: weights will "
-                        "diverge and re-sync", self.round, chosen.proposer, len(included) + unknown, unknown, len(got))
+            log.warning("round=%d: the set holds %d updates (%d never announced here), %d obtained: weights will "
+                        "diverge and re-sync", self.round, len(included) + unknown, unknown, len(got))
         updates = [self.verified[s].update for s in got]
         weights = [self.rules.weight(self.verified[s].update) for s in got]
-        return Outcome(self.round, updates, weights, got, self.me in got, chosen.proposer, True,
-                       time.monotonic() - t0)
+        return Outcome(self.round, updates, weights, got, self.me in got, verdict.witnesses, True,
+                       time.monotonic() - self._t0, recounted)
 
     # --- announcements and fetches ----------------------------------------------------------------
 
@@ -354,20 +417,21 @@ class RoundExchange(threading.Thread):
             self.rejections.add(sender, reason, self.round)
 
     def _decode(self, sender: str, blob: bytes) -> Any | None:
-        """The update if it passes the run's rules (rules.py); None, and a count against the sender, if not."""
+        """The update if it passes the run's rules (rules.py); None, and a count against the sender, if not.
+        Until this witness has reported, another peer's update that passes is also put to its loss check
+        (judged as the aggregate's clip will apply it: scaled down to the median norm of the updates verified
+        so far): one judged harmful is left out of this witness's report (``doubted``), but is still held,
+        served and, when a majority of the witnesses lists it, applied like any other. The check is one vote
+        on noisy rows, not a proof of anything: it never makes a peer apply another set than the others."""
         upd, reason = self.rules.check(blob, sender=sender, round_=self.round, key_of=self.members.public_key)
         if reason is not None:
             self._reject(sender, reason)
+            return None
+        if self.judge is not None and sender != self.me and not self._reported:
+            norms = [v.update.norm for v in self.verified.values()]
+            verdict = self.judge(upd, statistics.median(norms) if norms else None)
+            if verdict is not None:
+                self.doubted.add(sender)
+                self._reject(sender, verdict)
         return upd
 
-
-def _pairs(data: bytes) -> list[tuple[str, str]] | None:
-    """A proposal spelled out (msgpack list of [sender, digest]) from the network; None if malformed."""
-    try:
-        got = msgpack.unpackb(data, raw=False)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
-        return None
-    if not isinstance(got, list) or len(got) > MAX_PEERS_PER_ROUND or not all(
-            isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) and len(x) <= 128 for x in p) for p in got):
-        return None
-    return [(s, d) for s, d in got]

@@ -10,11 +10,11 @@ when that file says so, or when it is older than a minute (a hung or dead peer).
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gradnode.node import write_json
 from gradnode.protocol import chain
 from gradnode.protocol.chain import Link
 from gradnode.protocol.records import MemberRecord
@@ -33,6 +33,7 @@ class ChainView:
     winners: list[str] = field(default_factory=list)  # the peers following it
     tie: bool = False  # this peer's chain is followed by as many peers as the winning one
     mine: int = 1  # peers following this peer's chain, itself included
+    allies: list[str] = field(default_factory=list)  # the other peers following this peer's chain
 
 
 def chain_view(members: dict[str, MemberRecord], me: str, my_tail: list[Link]) -> ChainView:
@@ -48,7 +49,8 @@ def chain_view(members: dict[str, MemberRecord], me: str, my_tail: list[Link]) -
     mine = next((g for g in found if me in g), [me])
     return ChainView(trainers=trainers, groups=len(found), on_winner=me in win or not my_tail,
                      winner_links={link for p in win for link in tails[p]}, winners=win,
-                     tie=me not in win and len(mine) == len(win), mine=len(mine))
+                     tie=me not in win and len(mine) == len(win), mine=len(mine),
+                     allies=[p for p in mine if p != me] if my_tail else [])
 
 
 def write(folder: Path, *, view: ChainView, round_: int, expected: int, waiting: bool) -> None:
@@ -64,10 +66,8 @@ def write(folder: Path, *, view: ChainView, round_: int, expected: int, waiting:
     data = {"ok": not reasons, "reason": "; ".join(reasons) or "ok", "time": time.time(), "round": round_,
             "trainers": view.trainers, "expected": expected, "chains": view.groups, "on_winner": view.on_winner,
             "winners": view.winners[:8]}
-    tmp = folder / f".{FILE_NAME}.{os.getpid()}.tmp"
     try:
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, folder / FILE_NAME)
+        write_json(folder / FILE_NAME, data)
     except OSError:  # a full disk must not stop training; the check then reports a stale file
         pass
 

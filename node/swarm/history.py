@@ -1,6 +1,7 @@
-"""What a peer knows about the rounds it applied: the weight hash after each, the updates it applied,
-and who made the newest one (the next round's eligible leaders). The peer loop writes it when it
-applies a round, state sync when it replays or adopts rounds, the chores thread reads it to report."""
+"""What a peer knows about the rounds it applied: the weight hash after each, the updates it applied
+and who made the newest one. The peer loop writes it when it applies a round, state sync when it
+replays or adopts rounds, the chores thread reads it to report. (Who contributed lately, the next
+rounds' witnesses and the voters, is shared state: the engine's contributors ledger.)"""
 
 from __future__ import annotations
 
@@ -14,9 +15,8 @@ class RoundLog:
     hashes: dict[int, str] = field(default_factory=dict)  # round -> weight hash after applying it
     # round -> ((sender, digest) pairs applied, their total bytes); kept for the catch-up window, reported
     applied: dict[int, tuple[list[tuple[str, str]], int]] = field(default_factory=dict)
-    senders: list[str] = field(default_factory=list)  # who made the newest round: the next eligible leaders
+    senders: list[str] = field(default_factory=list)  # who made the newest round: they set the pace
     trusted_from: int = 0  # rounds before this were replaced by a re-sync: their hash checks are moot
-    rejoined: bool = False  # just adopted a state or caught up: our next proposal would come late
 
     def record(self, round_: int, param_hash: str, included: list[tuple[str, str]], update_bytes: int) -> None:
         self.hashes[round_] = param_hash

@@ -2,7 +2,7 @@
 
 A member record binds a peer id to its RSA public key (the peer id is the hash of that key, so a
 record cannot claim someone else's id) and carries its addresses, round, speed and counters. Every
-other record (announcements, proposals, weight hashes, state manifests) is signed by its author and
+other record (announcements, witness reports, weight hashes, state manifests) is signed by its author and
 verified here against the author's member record before anyone looks at its content.
 """
 
@@ -20,14 +20,14 @@ from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm.admission import Gate
 from gradnode.node.swarm.identity import Identity, peer_id_from_public_der, verify
 from gradnode.node.swarm.transport import Transport
-from gradnode.protocol.records import PROTOCOL_VERSION, MemberRecord, Record, RecordError, dht_key
+from gradnode.protocol.records import PROTOCOL_VERSION, MemberRecord, Record, RecordError, WeightHash, dht_key
 
 log = logging.getLogger(__name__)
 
 SOFTWARE_VERSION = f"gradnode/{__version__}"[:32]
 R = TypeVar("R", bound=Record)
-_AUTHOR_FIELD = {"update": "sender", "proposal": "proposer", "weights": "peer", "state": "peer", "member": "peer_id",
-                 "holdings": "peer"}
+_AUTHOR_FIELD = {"update": "sender", "report": "witness", "weights": "peer", "state": "peer", "member": "peer_id",
+                 "holdings": "peer", "equivocation": "reporter"}
 
 
 def kept_for_catchup(cfg: SwarmConfig, round_seconds: float) -> float:
@@ -64,13 +64,15 @@ class Membership:
         self._changed: dict[str, tuple[float, float]] = {}  # peer -> (record time, our monotonic time it changed)
         # who showed work: the senders of the last round this peer applied (set by the peer); () before any
         self.workers: Callable[[], Iterable[str]] = tuple
+        # who votes on hashes and chains: the recent contributors (set by the peer); empty: everyone
+        self.voters: Callable[[], frozenset[str]] = frozenset
 
     def sign(self, record: R) -> R:
         return record.signed(self.identity.sign(record.signing_bytes()))
 
     def publish(self, *, round_: int, training: bool, step_seconds: float, inner_steps: int, tokens_per_s: float,
                 rejected: int, loss: float | None, leaving: bool = False, ignoring: list[str] | None = None,
-                chain: list[tuple[int, str]] | None = None) -> bool:
+                chain: list[tuple[int, str]] | None = None, scores: list[tuple[str, float]] | None = None) -> bool:
         rec = MemberRecord(run_id=self.run_id, peer_id=self.identity.peer_id, public_key=self.identity.public_der,
                            maddrs=self.transport.maddrs()[:16], round=round_, training=training,
                            step_seconds=min(step_seconds, 1e5), inner_steps=inner_steps,
@@ -80,7 +82,7 @@ class Membership:
                            software_version=SOFTWARE_VERSION, protocol_version=PROTOCOL_VERSION,
                            time=self.transport.now(), leaving=leaving, reachable=not self.transport.cfg.client_mode,
                            ignoring=sorted(ignoring or [])[:16], chain=list(chain or [])[-8:],
-                           admission=self.admission)
+                           admission=self.admission, scores=list(scores or [])[:16])
         return self.transport.store(dht_key(self.run_id, "members"), self.sign(rec).to_bytes(), self.ttl)
 
     def _note_bad(self, who: str, why: str) -> None:
@@ -116,6 +118,8 @@ class Membership:
                 self._note_bad(rec.peer_id, "bad member signature")
                 continue
             why = self.gate.why_not(rec.peer_id, rec.admission)
+            if why is None and rec.protocol_version != PROTOCOL_VERSION:  # its hashes and rules are not ours
+                why = f"protocol version {rec.protocol_version}, this peer speaks {PROTOCOL_VERSION}"
             if why is not None:  # a permissioned run: not one of us; once in the log, then silently
                 if (rec.peer_id, why) not in self._refused:
                     self._refused.add((rec.peer_id, why))
@@ -200,6 +204,17 @@ class Membership:
     def write(self, what: str, round_: int | None, rec: Record, ttl: float | None = None) -> bool:
         return self.transport.store(dht_key(self.run_id, what, round_), self.sign(rec).to_bytes(), ttl or self.ttl)
 
+    def votes(self) -> Callable[[str], bool]:
+        """Whose weight report or published chain counts: the recent contributors (RoundLog.voters), or
+        everyone before this peer applied a round. A flood of keys that never contributed outvotes nobody."""
+        voters = self.voters()
+        return (lambda peer: True) if not voters else voters.__contains__
+
+    def reports(self, round_: int) -> list[WeightHash]:
+        """Round ``round_``'s weight reports that count (``votes``): what every majority is taken over."""
+        votes = self.votes()
+        return [w for w in self.read("weights", round_, WeightHash) if w.round == round_ and votes(w.peer)]
+
     def counted(self, also: Iterable[str] = ()) -> Callable[[str], bool]:
         """Whose training record sets the pace and holds a deadline off: the senders of the last round this
         peer applied, and ``also`` (this round's announcers); everyone's before any round is known. A key
@@ -223,11 +238,13 @@ class Membership:
 
     def round_seconds(self, own: float) -> float:
         """Median full-round compute time among the counted live training peers (``own`` when nobody
-        reports one)."""
+        reports one). The lower median: of two middle peers the faster, so that a swarm left with one fast
+        peer and one straggler paces its rounds on the fast one (the mean of the two made the fast peer
+        wait for the straggler every round)."""
         counts = self.counted()
         times = [m.step_seconds * m.inner_steps for p, m in self.members().items()
                  if m.training and m.step_seconds > 0 and m.inner_steps > 0 and counts(p)]
-        return statistics.median(times) if times else own
+        return statistics.median_low(times) if times else own
 
     def sources(self, peer_ids: list[str]) -> list[tuple[str, list[str]]]:
         """(peer id, maddrs) to fetch from; client-mode peers are left out (nobody can dial them)."""

@@ -13,6 +13,10 @@ Every update that arrives (fetched, pushed, or replayed in a catch-up) is a clai
 5. the tokens it declares do not exceed what the run's config allows one peer in one round
    (``inner.steps x inner.batch_size x inner.grad_accum x model.seq_len``). Tokens set an update's
    weight in the aggregate, so an uncapped count lets one peer outweigh all others.
+
+A witness then checks what passed against the loss (``swarm.score_rows``, node/train/score.py): an
+update that makes the model worse on rows of the witness's own drawing is counted as 'harmful' and left out
+of the witness's report (still held and, if most witnesses list it, applied: exchange.RoundExchange._decode).
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from gradnode.protocol.wire import signed_part
 
 log = logging.getLogger(__name__)
 
-REASONS = ("malformed", "unsigned", "forged", "replayed", "wrong_codec", "inflated_tokens", "oversized")
+REASONS = ("malformed", "unsigned", "forged", "replayed", "wrong_codec", "inflated_tokens", "oversized", "harmful")
+JUDGEMENTS = ("harmful",)  # reasons that are one witness's judgement, not a proof: no strike, only no vote
 
 
 def max_tokens_per_round(cfg: Config) -> int:

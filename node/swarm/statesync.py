@@ -2,8 +2,8 @@
 
 A peer that has applied round r offers its shared state (theta_g, outer optimizer state, round) as
 chunks served by the transport, described by a signed manifest in the DHT (round, weight hash, size,
-chunk digests). A joiner (or a peer that fell out of step) picks the newest round and the weight hash
-the swarm reported for it (the majority of the per-round weight-hash records; offers with another
+chunk digests). A joiner (or a peer that fell out of step) picks the newest round (never one beyond
+what the other members report: ``beyond_reach``) and the weight hash the swarm reported for it (the majority of the per-round weight-hash records; offers with another
 hash are ignored), fetches the chunks in parallel from every peer offering that hash (each chunk
 verified by its digest, so a tampered chunk is dropped and fetched elsewhere; each donor uploads at
 most ``swarm.state_upload_slots`` chunks at once, so a burst of joiners spreads over the donors),
@@ -28,7 +28,7 @@ from gradnode.node.swarm.membership import Membership
 from gradnode.node.swarm.transport import Transport
 from gradnode.protocol import chain
 from gradnode.protocol.chain import Link
-from gradnode.protocol.records import StateManifest, WeightHash, majority_hash, state_chunk_name
+from gradnode.protocol.records import StateManifest, majority_hash, state_chunk_name
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,7 @@ def expected_hash(membership: Membership, round_: int) -> str | None:
     (None when nobody reported one, e.g. before the first round or with swarm.hash_check off)."""
     if round_ < 1:
         return None
-    reports = [r for r in membership.read("weights", round_ - 1, WeightHash) if r.round == round_ - 1]
-    found = majority_hash(reports)
+    found = majority_hash(membership.reports(round_ - 1))
     return None if found is None else found[0]
 
 
@@ -81,18 +80,46 @@ def winning_links(membership: Membership, me: str) -> set[Link]:
     """The states (round, hash) that the chain most other live trainers follow lists (protocol/chain.py);
     empty when no other member publishes its chain. A peer looking for a state does not vote: its own
     chain is the one in doubt (with one other peer in sight, its own vote would make a tie it can win)."""
-    tails = {p: m.chain for p, m in membership.fresh().items() if m.training and m.chain and p != me}
+    votes = membership.votes()
+    tails = {p: m.chain for p, m in membership.fresh().items() if m.training and m.chain and p != me and votes(p)}
     return {link for p in chain.winner(tails) for link in tails[p]}
+
+
+RECORD_LAG = 10  # rounds a member record may lag its peer (after the round's chores; more on a loaded machine)
+
+
+def beyond_reach(membership: Membership, me: str) -> Callable[[StateManifest], bool]:
+    """Whether an offer claims a round more than RECORD_LAG past the highest round that any *other* voting
+    training member reports (neither the offerer nor this peer; a member still at round 0 without a chain,
+    a joiner, reports nothing). An offer's hash only has to match itself, so one key could claim a state
+    far ahead (--faults futurestate); no key can vouch for its own offer. With no other member reporting,
+    nothing is beyond reach."""
+    votes = membership.votes()
+    reported = {p: m.round for p, m in membership.members().items()
+                if m.training and p != me and votes(p) and (m.round > 0 or m.chain)}
+
+    def beyond(offer: StateManifest) -> bool:
+        others = [r for p, r in reported.items() if p != offer.peer]
+        return bool(others) and offer.round > max(others) + RECORD_LAG
+
+    return beyond
 
 
 def newest_offers(membership: Membership, cfg: SwarmConfig, me: str, min_round: int = 0,
                   exclude: set[str] | frozenset[str] = frozenset(),
                   links: set[Link] | None = None) -> list[StateManifest]:
-    """The offers of the newest round (>= ``min_round``) on the chain the swarm follows: a state whose
-    (round, hash) the winning chain lists (``links``, by default read off the member records); without
-    any published chain, the hash of the previous round's majority report, or the one most offerers give."""
+    """The offers of the newest round (>= ``min_round``, none ``beyond_reach``) on the chain the swarm
+    follows: a state whose (round, hash) the winning chain lists (``links``, by default read off the member
+    records); without any published chain, the hash of the previous round's majority report, or the one
+    most offerers give."""
+    is_beyond = beyond_reach(membership, me)
     manifests = [m for m in membership.read("state", None, StateManifest)
                  if m.peer != me and m.peer not in exclude and m.size <= cfg.max_state_bytes and m.round >= min_round]
+    beyond = [m for m in manifests if is_beyond(m)]
+    if beyond:
+        log.info("state offers more than %d rounds past every other member's round ignored: %s", RECORD_LAG,
+                 ",".join(f"{m.peer[:12]}@{m.round}" for m in beyond))
+        manifests = [m for m in manifests if m not in beyond]
     links = winning_links(membership, me) if links is None else links
     for round_ in sorted({m.round for m in manifests}, reverse=True):
         offers = [m for m in manifests if m.round == round_]

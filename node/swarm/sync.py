@@ -3,7 +3,7 @@
 A peer a few rounds behind (typically restarted from its own checkpoint) replays the missed rounds'
 updates when they weigh less than the state (catchup.py); otherwise, and always for a fresh peer or
 a forced re-sync, it downloads the swarm's newest agreed state (statesync.py). Either way the
-peer's round log learns what it now holds, and the peer does not lead its first round back.
+peer's round log learns what it now holds.
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ from gradnode.node.swarm.report import Tally
 from gradnode.node.swarm.rules import UpdateRules
 from gradnode.node.swarm.transport import Transport
 from gradnode.protocol.chain import Link
-from gradnode.protocol.records import WeightHash, majority_hash
 
 if TYPE_CHECKING:
     from gradnode.node.train.engine import Engine
 
 log = logging.getLogger(__name__)
+
+FORK_SYNC_S = 10.0  # how long a peer off the winning chain looks for that chain's state before looking again
 
 
 class Sync:
@@ -49,7 +50,7 @@ class Sync:
         def accept(state: dict[str, Any], manifest: Any) -> bool:
             try:
                 eng.load_shared_state(state, keep_progress=True)
-                ok = eng.param_hash() == manifest.param_hash
+                ok = eng.state_hash() == manifest.param_hash
             except (ValueError, KeyError, RuntimeError) as err:
                 log.warning("state from %s unusable: %s", manifest.peer[:12], err)
                 ok = False
@@ -58,8 +59,12 @@ class Sync:
             return ok
 
         min_round = 0 if links is not None else eng.round if force else eng.round + 1
+        # a fork's winner offers its state every round; when none is found soon the view was stale (the
+        # winner merged elsewhere meanwhile) and waiting out max_wait_s only left this peer behind
+        deadline_s = (min(self.cfg.max_wait_s, FORK_SYNC_S) if links is not None else self.cfg.max_wait_s) if force \
+            else 3.0
         got = statesync.fetch(transport=self.transport, membership=self.members, cfg=self.cfg, run_id=self.run_id,
-                              min_round=min_round, deadline_s=self.cfg.max_wait_s if force else 3.0,
+                              min_round=min_round, deadline_s=deadline_s,
                               accept=accept, stats=self.tally.sync, links=links)
         if got is None:
             if force:
@@ -73,8 +78,8 @@ class Sync:
             h.applied.pop(r, None)
         h.hashes[eng.round - 1] = manifest.param_hash
         h.trusted_from = eng.round - 1
-        h.rejoined = True
-        h.senders = self._agreed_senders(eng.round - 1)
+        # who made the adopted round, by the ledger that came with the state: they set the pace
+        h.senders = sorted(p for p, r in eng.contributors.items() if r == eng.round - 1)
         log.info("state adopted reason=%s round=%d from=%s hash=%s", reason, eng.round,
                  manifest.peer[:12], manifest.param_hash[:12])
         return True
@@ -107,16 +112,6 @@ class Sync:
         if ok:
             self.tally.catchups += len(missed)
             self.history.senders = [s for s, _ in missed[-1].included]
-            self.history.rejoined = True
             log.info("caught up rounds=%d..%d by replay bytes=%d (state is %d) hash=%s", start, target - 1, cost,
-                     offers[0].size, eng.param_hash()[:12])
+                     offers[0].size, eng.state_hash()[:12])
         return ok
-
-    def _agreed_senders(self, round_: int) -> list[str]:
-        """Who made round ``round_`` by the swarm's reports (the next round's eligible leaders); [] if unknown."""
-        reports = [w for w in self.members.read("weights", round_, WeightHash) if w.round == round_]
-        found = majority_hash(reports)
-        if found is None:
-            return []
-        fps = max((w.included for w in reports if w.param_hash == found[0]), key=len)
-        return sorted({s for s, _ in catchup.round_updates(self.members, round_, fps) or []})

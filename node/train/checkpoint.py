@@ -1,7 +1,8 @@
 """Atomic checkpoints: one folder per round, written under a temporary name and renamed when complete.
 
 Layout: ``<dir>/round-00000012/state.pt`` (torch, loaded with ``weights_only=True``) next to
-``meta.json`` holding the state's sha256. A folder that fails its digest, its schema or torch's
+``meta.json`` holding the state's sha256 (and, since export and eval, the resolved config under
+``config``; older checkpoints lack it and still load). A folder that fails its digest, its schema or torch's
 loader is reported as a :class:`CheckpointError` and never modified or deleted.
 """
 
@@ -141,3 +142,30 @@ def load_latest(directory: Path | str, run_id: str | None = None) -> tuple[dict[
     if errors:
         raise CheckpointError("no valid checkpoint in " + str(directory) + ":\n  " + "\n  ".join(errors))
     return None
+
+
+def find(path: Path | str) -> tuple[Path, dict[str, Any], dict[str, Any], list[str]]:
+    """The checkpoint ``path`` names: a checkpoint folder itself, or the newest one that verifies in a
+    ``checkpoints/`` folder or in a run folder (its ``checkpoints/``). Returns ``(folder, state, meta,
+    skipped)``, ``skipped`` saying which newer checkpoints failed and why."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint or folder")
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is a file: name a checkpoint folder (round-NNNNNNNN), a checkpoints/ folder "
+                              "or a run folder")
+    if (path / "meta.json").exists() or _NAME.match(path.name):
+        state, meta = load(path)
+        return path, state, meta, []
+    candidates = list_checkpoints(path) or list_checkpoints(path / "checkpoints")
+    if not candidates:
+        raise CheckpointError(f"{path}: no checkpoint in it (round-NNNNNNNN folders, here or in its checkpoints/)")
+    skipped: list[str] = []
+    for folder in candidates:
+        try:
+            state, meta = load(folder)
+        except CheckpointError as err:
+            skipped.append(str(err))
+            continue
+        return folder, state, meta, skipped
+    raise CheckpointError(f"no valid checkpoint in {path}: " + "; ".join(skipped))

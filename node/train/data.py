@@ -67,7 +67,7 @@ def _stdlib_documents() -> list[tuple[str, Path]]:
     return sorted((p.relative_to(root).as_posix(), p) for p in files)
 
 
-def _text_documents(paths: list[Path]) -> list[tuple[str, Path]]:
+def _text_documents(paths: list[Path], key: str = "data.paths") -> list[tuple[str, Path]]:
     docs: list[tuple[str, Path]] = []
     for i, path in enumerate(paths):
         if path.is_file():
@@ -76,8 +76,23 @@ def _text_documents(paths: list[Path]) -> list[tuple[str, Path]]:
             found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in _TEXT_SUFFIXES)
             docs.extend((f"{i}/{p.relative_to(path).as_posix()}", p) for p in found)
         else:
-            raise ValueError(f"data.paths: {path} does not exist")
+            raise ValueError(f"{key}: {path} does not exist")
     return docs
+
+
+def text_stream(paths: list[Path], key: str, max_bytes: int) -> Tensor:
+    """Text files and folders (their files with a text suffix, sorted) read whole, up to ``max_bytes``, joined
+    by a blank line as the corpus joins documents: a held-out stream for `gradnode eval --data`. A missing
+    path, an empty file, or a folder without text is a mistake naming ``key``."""
+    for path in paths:
+        if path.is_file() and path.stat().st_size == 0:
+            raise ValueError(f"{key}: {path} is empty")
+        if path.is_dir() and not _text_documents([path], key):
+            raise ValueError(f"{key}: no text files in {path} (suffixes {' '.join(sorted(_TEXT_SUFFIXES))})")
+    docs = _read_files(_text_documents(paths, key), max_bytes)
+    if not docs:
+        raise ValueError(f"{key}: the files hold no text")
+    return torch.frombuffer(bytearray(SEPARATOR.join(d for _, d in docs)), dtype=torch.uint8)
 
 
 def _read_files(docs: list[tuple[str, Path]], max_bytes: int) -> list[tuple[str, bytes]]:
@@ -173,7 +188,26 @@ class Batches:
         g = torch.Generator().manual_seed(_seed("train", self.run_id, self.seed, peer, step, micro))
         return self._windows(self.corpus.train, g, self.batch_size)
 
+    def sample(self, rows: int, *key: object) -> tuple[Tensor, Tensor]:
+        """``rows`` training windows drawn by a generator seeded from ``key`` (e.g. a witness's secret and a
+        round): a stream of its own, apart from every peer's assigned batches."""
+        g = torch.Generator().manual_seed(_seed("sample", self.run_id, self.seed, *key))
+        return self._windows(self.corpus.train, g, rows)
+
     def val(self, index: int) -> tuple[Tensor, Tensor]:
         """Validation batch ``index``: the same for every peer of the run."""
         g = torch.Generator().manual_seed(_seed("val", self.run_id, self.seed, index))
         return self._windows(self.corpus.val, g, self.batch_size)
+
+
+class FixedBatches(Batches):
+    """A lazy peer's data (testing aid: `bench robust`'s and the swarm's 'lazy' attacker): inner step 0's
+    batch, every step, whatever it was assigned."""
+
+    @classmethod
+    def of(cls, batches: Batches) -> "FixedBatches":
+        return cls(batches.corpus, batches.seq_len, batches.batch_size, batches.run_id, batches.seed)
+
+    def train(self, peer: int, step: int, micro: int = 0) -> tuple[Tensor, Tensor]:
+        return super().train(peer, 0, micro)
+

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import torch
 from torch import Tensor
 from torch.func import functional_call
@@ -32,14 +33,18 @@ from gradnode.node.train import checkpoint
 from gradnode.node.train import native
 from gradnode.node.config import Config
 from gradnode.node.train.data import Batches, load_corpus
-from gradnode.node.train.inner import InnerTrainer, lm_loss, pick_device
+from gradnode.node.train.inner import InnerTrainer, pick_device
 from gradnode.node.train.model import build_model
 from gradnode.node.train.outer import OuterOptimizer
 from gradnode.protocol import CodecParams, DecodedUpdate, aggregate, compress_with_feedback, encode_update
+from gradnode.protocol.reputation import Reputation
+from gradnode.protocol.robust import Screen, robust_aggregate
 
 log = logging.getLogger(__name__)
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: the contributors ledger is shared state
+CONTRIBUTOR_ROUNDS = 64  # the ledger remembers whose updates the last this many rounds applied
+MAX_CONTRIBUTORS = 65536  # entries a ledger from the network may hold
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,29 @@ def weights_hash(params: Mapping[str, Tensor]) -> str:
         h.update(f"{n}:{tuple(t.shape)}:{t.dtype}\n".encode())
         h.update(t.numpy().tobytes())
     return h.hexdigest()
+
+
+def shared_state_hash(run_id: str, round_: int, params: Mapping[str, Tensor], outer: Mapping[str, Tensor],
+                      contributors: Mapping[str, int], reputation: Mapping[str, Any]) -> str:
+    """What peers publish, compare and sync to (``Engine.state_hash``): the weights, the outer optimizer's
+    buffers, the contributors ledger and the reputation table (msgpack of their sorted items: one byte
+    string per table), the round and the run id."""
+    h = hashlib.sha256(f"gradnode-state/2/{run_id}/{round_}\n".encode())
+    h.update(bytes.fromhex(weights_hash(params)))
+    h.update(bytes.fromhex(weights_hash(outer)))
+    h.update(msgpack.packb(sorted(contributors.items())))
+    h.update(msgpack.packb([sorted(reputation["scores"].items()), sorted(reputation["recent"])]))
+    return h.hexdigest()
+
+
+def _ledger(value: Any, round_: int) -> dict[str, int]:
+    """A contributors ledger read from a state of round ``round_`` (from the network: checked): sender names,
+    each with a round among the CONTRIBUTOR_ROUNDS before ``round_``."""
+    if not isinstance(value, dict) or len(value) > MAX_CONTRIBUTORS or not all(
+            isinstance(p, str) and 0 < len(p) <= 128 and type(r) is int and max(0, round_ - CONTRIBUTOR_ROUNDS) <= r < round_
+            for p, r in value.items()):
+        raise ValueError("shared state: malformed contributors ledger")
+    return dict(value)
 
 
 def initial_weights_hash(cfg: Config) -> str:
@@ -132,6 +160,15 @@ class Engine:
         self.tokens_seen = 0
         self.skipped_steps = 0  # aggregates never applied (inf/NaN or absurdly large; see _unsafe)
         self.last_step_ratio = 0.0  # norm of the last aggregate / norm of the shared weights
+        # the ledger: peer -> newest round whose applied set held its update (the last CONTRIBUTOR_ROUNDS).
+        # Shared state like the weights (a joiner receives it, the state hash covers it): every peer on a
+        # chain knows exactly who contributed lately, which is who witnesses rounds and votes on hashes.
+        # Replaced whole, never mutated: other threads read it.
+        self.contributors: dict[str, int] = {}
+        # outer.aggregation 'robust': the decided history's reputation table (shared state too, covered by
+        # the state hash) and what the rule decided about the last round's updates
+        self.reputation = Reputation()
+        self.last_screens: list[Screen] = []
 
     # --- inner loop -------------------------------------------------------------------------------
 
@@ -184,12 +221,24 @@ class Engine:
         """theta_g <- outer step(aggregate(updates)); local <- theta_g + (local - start); start <- theta_g."""
         if weights is not None and len(weights) != len(updates):
             raise ValueError(f"{len(weights)} weights for {len(updates)} updates")
+        self.last_screens = []
         if updates:
             for u in updates:
                 self._check_update(u)
             # aggregate() sorts by (sender, digest): the result does not depend on arrival order.
-            agg = aggregate(list(updates), weights=weights, rule=self.cfg.outer.aggregation,
-                            clip_to_median=self.cfg.outer.clip_to_median)
+            if self.cfg.outer.aggregation == "robust":
+                agg, self.last_screens = robust_aggregate(
+                    list(updates), weights, reputation=self.reputation.weights(), previous=self.reputation.recent,
+                    clip_to_median=self.cfg.outer.clip_to_median)
+                self.reputation = self.reputation.after(self.last_screens, established=self.contributors)
+                left_out = [f"{s.sender}:{s.reason}(cos={s.cos:.2f},norm={s.norm:.3g})" for s in self.last_screens
+                            if s.reason]
+                if left_out:
+                    log.info("round=%d screened=%s banned=%s", self.round, ",".join(left_out),
+                             ",".join(self.reputation.banned()) or "-")
+            else:
+                agg = aggregate(list(updates), weights=weights, rule=self.cfg.outer.aggregation,
+                                clip_to_median=self.cfg.outer.clip_to_median)
             unsafe = self._unsafe(agg)
             if unsafe:
                 self.skipped_steps += 1
@@ -201,8 +250,12 @@ class Engine:
             progress = self.params[n] - self.start[n]
             self.params[n].copy_(theta + progress)
             self.start[n].copy_(theta)
-        log.debug("outer round=%d updates=%d hash=%s", self.round, len(updates), self.param_hash()[:12])
+        # contributors: the senders whose updates counted (the robust rule gives a screened-out one weight 0)
+        screened = {sc.sender for sc in self.last_screens if sc.weight == 0.0}
+        ledger = {**self.contributors, **{u.sender: self.round for u in updates if u.sender not in screened}}
+        self.contributors = {p: r for p, r in ledger.items() if r > self.round - CONTRIBUTOR_ROUNDS}
         self.round += 1
+        log.debug("outer round=%d updates=%d hash=%s", self.round - 1, len(updates), self.state_hash()[:12])
 
     def _unsafe(self, agg: dict[str, torch.Tensor]) -> str | None:
         """Why this aggregate must not be applied (inf/NaN, or a step out of all proportion to the weights),
@@ -228,7 +281,15 @@ class Engine:
     # --- shared state -----------------------------------------------------------------------------
 
     def param_hash(self) -> str:
+        """The weights alone (what a genesis records for round 0, what an export checks)."""
         return weights_hash(self.global_params)
+
+    def state_hash(self) -> str:
+        """The hash peers publish, compare and sync to: all they share. The weights, the outer optimizer's
+        state (DiLoCo's momentum: a donor with honest weights cannot hand out poisoned momentum under the
+        honest hash), the contributors ledger, the round, and the run id (with a genesis, its digest)."""
+        return shared_state_hash(self.cfg.run.run_id, self.round, self.global_params, self.outer.buffers,
+                                 self.contributors, self.reputation.to_dict())
 
     @torch.no_grad()
     def evaluate(self, batches: int = 8) -> float:
@@ -247,25 +308,35 @@ class Engine:
         return total / batches
 
     def shared_state(self) -> dict[str, Any]:
-        """What a joining peer needs: theta_g, the outer optimizer state and the round."""
+        """What a joining peer needs: theta_g, the outer optimizer state, the contributors ledger, the reputation
+        table (JSON types; it changes only under the 'robust' aggregation) and the round."""
         return {"version": STATE_VERSION, "run_id": self.cfg.run.run_id, "round": self.round,
                 "global_params": {n: self.global_params[n].clone() for n in self.names},
-                "outer": self.outer.state_dict()}
+                "outer": self.outer.state_dict(), "contributors": dict(self.contributors),
+                "reputation": self.reputation.to_dict()}
 
     @torch.no_grad()
     def load_shared_state(self, state: Mapping[str, Any], keep_progress: bool = False) -> None:
         """Adopt a swarm's state: start becomes theta_g. ``keep_progress``: this peer's progress not yet
         aggregated (local - start, and the error-feedback buffer) carries over onto the new weights, so
         nothing it computed is thrown away; otherwise local becomes theta_g and EF restarts from zero."""
-        if state.get("version") != STATE_VERSION or state.get("run_id") != self.cfg.run.run_id:
-            raise ValueError(f"shared state is for run {state.get('run_id')!r} v{state.get('version')}, "
-                             f"expected run.run_id={self.cfg.run.run_id!r} v{STATE_VERSION}")
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"shared state format v{state.get('version')}, this gradnode reads v{STATE_VERSION} (a "
+                             f"checkpoint from another version: start afresh with --set checkpoint.resume=false, or "
+                             f"move the old checkpoints folder away)")
+        if state.get("run_id") != self.cfg.run.run_id:
+            raise ValueError(f"shared state is for run {state.get('run_id')!r}, expected run.run_id="
+                             f"{self.cfg.run.run_id!r}")
         params = state["global_params"]
         if sorted(params) != self.names or any(params[n].shape != self.global_params[n].shape for n in self.names):
             raise ValueError("shared state does not match this model (check the model section of the config)")
+        contributors = _ledger(state.get("contributors"), int(state["round"]))
+        reputation = Reputation.from_dict(state.get("reputation"))
         progress = {n: self.params[n] - self.start[n] for n in self.names} if keep_progress else None
         self.global_params = {n: params[n].detach().float().cpu().clone() for n in self.names}
         self.outer.load_state_dict(state["outer"])
+        self.contributors = contributors
+        self.reputation = reputation
         self.round = int(state["round"])
         self.step = self.round * self.cfg.inner.steps
         if not keep_progress:
@@ -313,8 +384,9 @@ class Engine:
         """What a checkpoint holds, as of now. ``copy``: deep-copied tensors, so that another thread can
         write it while the inner steps go on (~4 bytes x 4 per parameter of memory, briefly)."""
         state = self.state_dict()
+        # the resolved config: `gradnode export` and `gradnode eval` rebuild the model from it
         meta = {"run_id": self.cfg.run.run_id, "algorithm": self.cfg.outer.algorithm, "peer_index": self.peer_index,
-                "step": self.step}
+                "step": self.step, "config": self.cfg.model_dump(mode="json")}
         return Snapshot(self.round, _deep_clone(state) if copy else state, meta)
 
     def write_snapshot(self, snap: "Snapshot", directory: Path | str | None = None) -> Path:

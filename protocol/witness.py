@@ -1,0 +1,36 @@
+"""A round's set of updates, decided by witnesses: the pure rule (reports in, a set out).
+
+Every eligible peer (a recent contributor; the node's ledger says who) is a *witness*: at its deadline
+it publishes a signed report of the updates it fetched and verified, as fingerprints (records.Report).
+The round's set is
+
+    every update listed by a strict majority of the witness reports counted,
+
+so no minority of witnesses can keep an update out that the others verified (censorship), nor put one
+in that the others did not (a leader, under the rule before, chose the set alone), and one report more
+or less moves only an update whose count sits exactly at the threshold: when everyone verified
+everything, any majority of the reports gives the same set.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from gradnode.protocol.records import unpack
+
+
+def quorum(reports: int) -> int:
+    """Reports that must list an update for it to be in the round: a strict majority of them."""
+    return reports // 2 + 1
+
+
+def witnessed(reports: Iterable[bytes]) -> bytes:
+    """The fingerprints (sorted, concatenated) listed by a strict majority of ``reports`` (each one report's
+    packed fingerprints; a report listing one twice counts once)."""
+    reports = list(reports)
+    counts: Counter[bytes] = Counter()
+    for fps in reports:
+        counts.update(set(unpack(fps)))
+    need = quorum(len(reports))
+    return b"".join(sorted(fp for fp, n in counts.items() if n >= need))

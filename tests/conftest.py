@@ -50,7 +50,7 @@ def run_swarm(tmp_path: Path) -> Callable[..., dict[str, Any]]:
     from gradnode.node.sim import simulate as sim
 
     def run(peers: int, rounds: int, peer_overrides: dict[int, list[str]] | None = None, on_swarm: Any = None,
-            timeout_s: float = 240.0, faults: str | None = None, extra: list[str] | None = None,
+            timeout_s: float = 400.0, faults: str | None = None, extra: list[str] | None = None,
             link: str = "auto") -> dict[str, Any]:
         settings = sim.SimSettings(peers=peers, rounds=rounds, config=None, out_dir=tmp_path / "swarm",
                                    overrides=[*TINY_SWARM, *(extra or [])], peer_overrides=peer_overrides or {},
@@ -69,18 +69,31 @@ def swarm_metrics(summary: dict[str, Any], index: int) -> list[dict[str, Any]]:
     return sim.read_metrics(Path(summary["out_dir"]) / f"peer-{index}" / "metrics.jsonl")
 
 
+# log lines that tell how a peer moved between chains (what a split's post-mortem needs: CI keeps no logs)
+CHAIN_EVENTS = ("another chain", "state adopted", "re-sync", "differs from the majority", "giving it up",
+                "leads among the live", "following the proposal", "equivocated", "undecided", "outcome dropped")
+
+
 def explain(summary: dict[str, Any], tail: int = 25) -> str:
-    """A failed swarm assertion's message: one line per peer, and the last log lines of every peer that did
-    not finish every round (pytest cuts a summary dict after a hundred characters)."""
+    """A failed swarm assertion's message: one line per peer, the last log lines of every peer that did not
+    finish every round, and, when the peers ended on several hashes, every peer's chain events and its
+    last round lines (pytest cuts a summary dict after a hundred characters)."""
     lines, rounds = [], summary["rounds"]
+    split = len({p.get("param_hash") for p in summary["peers"] if "error" not in p}) > 1
     for p in summary["peers"]:
         last = sorted(p.get("hashes", {}), key=int)[-1:] if p.get("hashes") else []
         lines.append(f"peer-{p['index']}: rounds={p.get('rounds')} error={p.get('error')} resyncs={p.get('resyncs')} "
                      f"hash={p.get('param_hash', '')[:12]} last_round_hashed={last}")
+        log = Path(summary["out_dir"]) / f"peer-{p['index']}.log"
+        if not log.exists():
+            continue
+        text = log.read_text(errors="replace").splitlines()
         if "error" in p or p.get("rounds") != rounds:
-            log = Path(summary["out_dir"]) / f"peer-{p['index']}.log"
-            if log.exists():
-                lines += ["    " + x for x in log.read_text(errors="replace").splitlines()[-tail:]]
+            lines += ["    " + x for x in text[-tail:]]
+        elif split:
+            events = [x for x in text if any(e in x for e in CHAIN_EVENTS)]
+            applied = [x for x in text if " applied=" in x]
+            lines += ["    " + x for x in events[-tail:] + applied[-6:]]
     return "\n".join(lines)
 
 

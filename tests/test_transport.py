@@ -24,12 +24,22 @@ def test_records_blobs_gossip_and_counters(trio) -> None:
     blob = bytes(range(256)) * 4000
     a.blobs.put("u/x", blob)
     got = b.fetch([(a.peer_id, a.maddrs())], "u/x", max_bytes=10**7, deadline=time.monotonic() + 20)
-    assert got == blob and a.bytes_up == len(blob) and b.bytes_down == len(blob)
+    assert got == blob and b.bytes_down == len(blob)
+    # the server counts a piece once its write drained, which can be just after the fetcher has it all
+    assert settles(lambda: a.bytes_up == len(blob)), a.bytes_up
     b.blobs.put("u/x", got)
     # c fetches from b only: a fetched blob is served again (gossip)
     got_c = c.fetch([(b.peer_id, b.maddrs())], "u/x", max_bytes=10**7, deadline=time.monotonic() + 20,
                     verify=lambda d: hashlib.sha256(d).digest() == hashlib.sha256(blob).digest())
-    assert got_c == blob and b.bytes_up == len(blob)
+    assert got_c == blob and settles(lambda: b.bytes_up == len(blob)), b.bytes_up
+
+
+def settles(check, within_s: float = 60.0) -> bool:
+    """``check()`` is true now or turns true within ``within_s`` (a counter another thread updates)."""
+    end = time.monotonic() + within_s
+    while not check() and time.monotonic() < end:
+        time.sleep(0.02)
+    return check()
 
 
 def test_a_replayed_leaving_record_does_not_make_a_peer_leave(trio) -> None:
@@ -77,7 +87,10 @@ def test_a_peer_gets_a_bounded_number_of_streams_and_pushes(trio) -> None:
 
     a.cfg.max_streams_per_peer = 1024  # no quota: b holds 5 streams (and 5 x 4 MB of a's send buffers) at will
     assert b._run(hold(5), 30) == [1] * 5
-    time.sleep(1.0)  # a sees them closed
+    end = time.monotonic() + 60
+    while a._inbound.get(b.peer_id) and time.monotonic() < end:  # a sees them closed (soon, or on a busy machine later)
+        time.sleep(0.1)
+    assert not a._inbound.get(b.peer_id), a._inbound
     a.cfg.max_streams_per_peer = 3
     assert b._run(hold(5), 30) == [1, 1, 1, -1, -1] and a.quota_refusals == 2
     # the streams closed, the slots are free again, for b and for anyone else
@@ -109,23 +122,21 @@ def test_a_trickling_holder_costs_a_second_once_not_a_deadline(trio) -> None:
     b.cfg.min_stream_bytes_per_s = 16384
     t0 = time.monotonic()
     assert b.fetch([(a.peer_id, a.maddrs())], "u/run/1/x", max_bytes=1 << 20, deadline=t0 + 2.0) is None
-    t0 = time.monotonic()
-    for _ in range(5):  # both hold it; the slow one goes last, whatever the shuffle
+    served = c.bytes_up
+    for _ in range(5):  # both hold it; the slow one goes last, whatever the shuffle: c serves all five
         assert b.fetch([(a.peer_id, a.maddrs()), (c.peer_id, c.maddrs())], "u/run/1/x", max_bytes=1 << 20,
                        deadline=time.monotonic() + 20) == blob
-    assert time.monotonic() - t0 < 5.0
+    assert c.bytes_up - served >= 5 * len(blob), (c.bytes_up, served)
 
 
 def test_missing_oversized_and_dead_sources_return_none(trio) -> None:
     a, b, _ = trio
     a.blobs.put("big", b"x" * 5000)
-    t0 = time.monotonic()
-    assert b.fetch([(a.peer_id, [])], "nope", max_bytes=10**6, deadline=t0 + 1.5) is None
+    assert b.fetch([(a.peer_id, [])], "nope", max_bytes=10**6, deadline=time.monotonic() + 1.5) is None
     assert b.fetch([(a.peer_id, [])], "big", max_bytes=100, deadline=time.monotonic() + 1.5) is None
     dead = "QmYzqWF8yvd4ihZ6sMsf9zDEeoHEbNEKdDi7vvEEE7CebL"
     assert b.fetch([(dead, ["/ip4/127.0.0.1/tcp/9/p2p/" + dead])], "big", max_bytes=10**6,
-                   deadline=time.monotonic() + 2) is None
-    assert time.monotonic() - t0 < 30  # bounded by the deadlines, no crash
+                   deadline=time.monotonic() + 2) is None  # bounded by the deadlines (a hang: pytest-timeout)
 
 
 def test_token_bucket_caps_the_link(tmp_path: Path) -> None:

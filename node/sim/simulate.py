@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gradnode.node import write_json
 from gradnode.node.sim import faults, netns
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class SimSettings:
     eval_index: int | None = None  # evaluate on this peer only (default: peers below eval_peers)
     faults: str | None = None  # the --faults SPEC (faults.py)
     seed: int | None = None  # run.seed and the picks of '?' in the SPEC
+    serve: int | None = None  # the bootstrap serves the status page on this port; peers expose metrics
 
 
 def resolve_link(link: str, bandwidth: str | None) -> str:
@@ -85,10 +87,12 @@ def describe_link(link: str, s: SimSettings) -> str:
     return "none: no --bandwidth, peers on 127.0.0.1 uncapped"
 
 
-def permissioned(s: SimSettings, intruders: list[int]) -> dict[str, list[str]]:
-    """Make the run permissioned, as an operator would: an authority key, the run's genesis naming it, and an
-    admission certificate for the bootstrap and every peer but ``intruders`` (each process's key is made
-    here, in its run folder, where it will find it). Returns the arguments each process starts with."""
+def with_genesis(s: SimSettings, intruders: list[int], replayers: list[int]) -> dict[str, list[str]]:
+    """Make the run a genesis run, as an operator would with `gradnode run init`: permissioned when there are
+    ``intruders`` (an authority key, named in the genesis, admits the bootstrap and every other peer; each
+    process's key is made here, in its run folder, where it will find it), open otherwise. Each of
+    ``replayers`` keeps the genesis of an earlier run of the same name, config and seed (it took part in
+    it): ``earlier-genesis.json`` in its folder. Returns the arguments each process starts with."""
     import secrets
 
     from gradnode.node.config import load_config, parse_override, shared_rules
@@ -101,21 +105,41 @@ def permissioned(s: SimSettings, intruders: list[int]) -> dict[str, list[str]]:
     if s.seed is not None:
         overrides["run.seed"] = s.seed
     cfg = load_config(s.config, overrides)
-    authority = load_or_create(s.out_dir / "authority.key")
-    genesis = Genesis(name=cfg.run.run_id[:47], rules=shared_rules(cfg), weights_hash=initial_weights_hash(cfg),
-                      nonce=secrets.token_hex(16), authority=authority.public_der.hex(), created=time.time())
+    authority = load_or_create(s.out_dir / "authority.key") if intruders else None
+
+    def genesis_of(created: float) -> Genesis:
+        return Genesis(name=cfg.run.run_id[:47], rules=shared_rules(cfg), weights_hash=initial_weights_hash(cfg),
+                       nonce=secrets.token_hex(16), authority=authority.public_der.hex() if authority else None,
+                       created=created)
+
+    genesis = genesis_of(time.time())
     (s.out_dir / "genesis.json").write_text(genesis.to_json())
     extra: dict[str, list[str]] = {}
     for name in ["bootstrap", *(f"peer-{i}" for i in range(s.peers))]:
         folder = s.out_dir / name
+        folder.mkdir(parents=True, exist_ok=True)
         extra[name] = ["--set", f"run.genesis={s.out_dir / 'genesis.json'}"]
-        if name != "bootstrap" and _index(name) in intruders:
+        if name != "bootstrap" and _index(name) in replayers:
+            (folder / "earlier-genesis.json").write_text(genesis_of(time.time() - 86400).to_json())
+        if authority is None or (name != "bootstrap" and _index(name) in intruders):
             continue
         peer = load_or_create(folder / "identity.key").peer_id
         (folder / "admission.cert").write_bytes(admission.admit(authority, genesis.run_id, peer, time.time() + 86400))
         extra[name] += ["--set", f"run.admission={folder / 'admission.cert'}"]
-    log.info("permissioned run %s: %d admitted, intruders %s", genesis.run_id, s.peers + 1 - len(intruders), intruders)
+    log.info("%s run %s: intruders %s, replaying an earlier run: %s", "permissioned" if authority else "open",
+             genesis.run_id, intruders, replayers)
     return extra
+
+
+PROMETHEUS_YML = """# written by `gradnode simulate --serve`: prometheus --config.file=<this file>
+global:
+  scrape_interval: 5s
+scrape_configs:
+  - job_name: gradnode
+    file_sd_configs:
+      - files: ["{targets}"]
+        refresh_interval: 5s
+"""
 
 
 class Swarm:
@@ -137,6 +161,7 @@ class Swarm:
         # a partition without network namespaces: each peer's transport reads whom to drop from this file
         self.partition_file: str | None = "partition.json" if partition_in_transport else None
         self.extra: dict[str, list[str]] = {}  # more arguments per process (a permissioned run's files)
+        self.metrics_targets: dict[str, str] = {}  # name -> host:port of its Prometheus metrics (--serve)
 
     def __enter__(self) -> "Swarm":
         return self
@@ -181,14 +206,41 @@ class Swarm:
             args += ["--set", o]
         if self.s.seed is not None:
             args += ["--set", f"run.seed={self.s.seed}"]
+        if self.s.serve is not None:  # each process's metrics on a port of its own, listed for Prometheus
+            if name not in self.metrics_targets:
+                ip = self._host_ip(name)
+                self.metrics_targets[name] = f"{ip}:{_free_port(ip)}"
+                write_json(self.s.out_dir / "prometheus-targets.json",
+                            [{"targets": [t], "labels": {"process": n}} for n, t in self.metrics_targets.items()])
+                prometheus_yml = self.s.out_dir / "prometheus.yml"  # `prometheus --config.file=` this file
+                if not prometheus_yml.exists():
+                    prometheus_yml.write_text(PROMETHEUS_YML.format(targets=self.s.out_dir / "prometheus-targets.json"))
+            ip, port = self.metrics_targets[name].rsplit(":", 1)
+            args += ["--set", f"metrics.port={port}", "--set", f"metrics.host={ip}"]
         return args
 
-    def start_bootstrap(self, timeout: float = 120.0) -> list[str]:
+    def start_bootstrap(self, timeout: float = 120.0, wait: bool = True) -> list[str]:
+        """Start the bootstrap and return the address peers join with. ``wait``: once it is up (the addresses
+        it printed); else at once: its key is made here and its port chosen here, so its address is known
+        before it runs, and peers started meanwhile keep dialling it (swarm.connect_timeout_s) while both
+        start (python and torch take seconds each; then call ``bootstrap_ready``)."""
+        from gradnode.node.swarm.identity import load_or_create
+
         maddr_file = self.s.out_dir / "bootstrap.maddrs"
         self.bootstrap_port = _free_port(self._host_ip("bootstrap"))
+        key = load_or_create(self.s.out_dir / "bootstrap" / "identity.key")  # where the bootstrap looks for it
         self.args["bootstrap"] = ["bootstrap", *self._common("bootstrap"), "--maddrs-file", str(maddr_file)]
+        if self.s.serve is not None:
+            self.args["bootstrap"] += ["--status-port", str(self.s.serve)]
         self.starts["bootstrap"] = [0]
         self._spawn("bootstrap", self.args["bootstrap"])
+        if not wait:
+            return [f"/ip4/{self._host_ip('bootstrap')}/tcp/{self.bootstrap_port}/p2p/{key.peer_id}"]
+        return self.bootstrap_ready(timeout)
+
+    def bootstrap_ready(self, timeout: float = 120.0) -> list[str]:
+        """The addresses the bootstrap printed once up; ValueError with its last error when it did not start."""
+        maddr_file = self.s.out_dir / "bootstrap.maddrs"
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if maddr_file.exists() and maddr_file.read_text().strip():
@@ -244,14 +296,14 @@ class Swarm:
         for k, group in enumerate(groups):
             away = [ids[j] for g in groups if g is not group for j in g] + ([boot] if k else [])
             for i in group:
-                _write_json(self.s.out_dir / f"peer-{i}" / "partition.json", {"blocked": [x for x in away if x]})
+                write_json(self.s.out_dir / f"peer-{i}" / "partition.json", {"blocked": [x for x in away if x]})
 
     def heal(self) -> None:
         if self.links is not None:
             self.links.heal()
             return
         for i in range(self.s.peers):
-            _write_json(self.s.out_dir / f"peer-{i}" / "partition.json", {"blocked": []})
+            write_json(self.s.out_dir / f"peer-{i}" / "partition.json", {"blocked": []})
 
     def running(self, name: str) -> bool:
         return name in self.procs and self.procs[name].poll() is None
@@ -312,12 +364,6 @@ def _peer_id(maddrs_file: Path) -> str | None:
     return found[0] if found else None
 
 
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)
-
-
 def swarm_round(s: SimSettings, groups: tuple[tuple[int, ...], ...] = ()) -> int:
     """The round the swarm trains now: one past the newest round any peer applied. While the network is
     split into ``groups``, the round every group of two or more peers has reached (the sides train at their
@@ -361,7 +407,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 # The live view fits 80 columns: short headers, explained once under the table.
 LIVE_COLUMNS = ("peer", "round", "loss", "weights", "upd", "up MB", "dn MB", "wait", "rej", "sync")
-LIVE_LEGEND = ("weights: hash of the shared weights; upd: updates applied in the round; wait: seconds the "
+LIVE_LEGEND = ("weights: hash of the shared state; upd: updates applied in the round; wait: seconds the "
                "round's outcome was waited for; rej: updates rejected; sync: re-syncs")
 
 
@@ -421,13 +467,15 @@ def run(s: SimSettings, *, live: bool = True, on_swarm: Any = None, console: Any
         links = stack.enter_context(netns.Links(s.peers, rate)) if link == "netns" or partition == "netns" else None
         swarm = stack.enter_context(Swarm(s, links, partition_in_transport=partition == "transport"))
         intruders = [i for i, r in schedule.roles.items() if r == "intruder"]
-        if intruders:
-            swarm.extra = permissioned(s, intruders)
-        initial = swarm.start_bootstrap()
+        replayers = [i for i, r in schedule.roles.items() if r == "crossrun"]
+        if intruders or replayers:
+            swarm.extra = with_genesis(s, intruders, replayers)
+        initial = swarm.start_bootstrap(wait=False)  # the peers start beside it, not after it
         swarm.initial = initial
         first = [i for i in range(s.peers) if i not in schedule.late]
         for i in first:  # intruders are nobody: the others do not count on them
             swarm.start_peer(i, initial, min_peers=len([j for j in first if j not in intruders]))
+        swarm.bootstrap_ready()  # or its error, the peers stopped with the swarm
         # nobody works with an intruder, so it may never finish: the run ends when the others have
         waits_for = frozenset(f"peer-{i}" for i in intruders)
         if on_swarm is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,12 +22,22 @@ from gradnode.protocol import CodecParams, attach_signature, decode_update, enco
 INFLATED_TOKENS = 1 << 40  # 'tokens': what the attacker declares (the run allows a few thousand per round)
 
 
-def sent_update(sw: SwarmConfig, round_: int, blob: bytes, output_dir: Path, sign: Callable[[bytes], bytes]) -> bytes:
+def sent_update(sw: SwarmConfig, round_: int, blob: bytes, output_dir: Path, sign: Callable[[bytes], bytes],
+                earlier: Callable[[], bytes | None] = lambda: None) -> bytes:
     """The update a faulty peer sends instead of its honest, signed ``blob``:
     'corrupt' flips bytes of it; 'forge' signs it with a key that is not the sender's; 'tokens' declares
     INFLATED_TOKENS (validly signed: only the run's cap stops it); 'dense' sends the same values with the
-    dense codec (validly signed, ~100x the bytes; only the codec check stops it)."""
-    if sw.fault not in ("corrupt", "forge", "tokens", "dense") or round_ < sw.fault_round:
+    dense codec (validly signed, ~100x the bytes; only the codec check stops it); 'crossrun' sends the
+    update it signed for the same round of an earlier run of the same name, config and seed (validly
+    signed; only the run id, which the genesis makes differ, stops it). Robust learning (issue 14), each
+    validly signed with honest tokens: 'signflip' sends its own update negated (the same norm); 'noise'
+    Gaussian noise through the codec at its own update's norm; 'freerider' another peer's update that the
+    previous round applied (``earlier()``), re-labelled as its own for this round (no training of its own
+    counts: what it sends was computed by someone else)."""
+    if sw.fault in ("signflip", "noise", "freerider") and round_ >= sw.fault_round:
+        lying = _robustness_attack(sw.fault, round_, blob, earlier())
+        return blob if lying is None else attach_signature(lying, sign(signing_digest(lying)))
+    if sw.fault not in ("corrupt", "forge", "tokens", "dense", "crossrun") or round_ < sw.fault_round:
         return blob
     if sw.fault == "corrupt":
         mid = len(blob) // 2
@@ -36,11 +47,45 @@ def sent_update(sw: SwarmConfig, round_: int, blob: bytes, output_dir: Path, sig
         return attach_signature(blob, other.sign(signing_digest(blob)))
     if sw.fault == "tokens":
         lying = _with_header(blob, tokens=INFLATED_TOKENS)
+    elif sw.fault == "crossrun":  # what it signed in the earlier run's round of the same number
+        from gradnode.protocol.genesis import Genesis
+
+        earlier = Genesis.from_json((output_dir / "earlier-genesis.json").read_bytes()).run_id
+        lying = _with_header(blob, run=earlier)
     else:
         upd = decode_update(blob)
         lying = encode_update(upd.tensors, params=CodecParams(dense=True), run_id=upd.run_id, round=upd.round,
                               sender=upd.sender, tokens=upd.tokens)
     return attach_signature(lying, sign(signing_digest(lying)))
+
+
+def _robustness_attack(fault: str, round_: int, blob: bytes, earlier: bytes | None) -> bytes | None:
+    """The unsigned envelope of a 'signflip', 'noise' or 'freerider' update (see ``sent_update``); None: send
+    the honest one (a free-rider with nothing to copy yet)."""
+    if fault == "freerider":
+        if earlier is None:
+            return None
+        own = decode_update(blob)
+        return _with_header(earlier, sender=own.sender, round=round_, tokens=own.tokens)
+    import torch
+
+    own = decode_update(blob)
+    meta = dict(params=own.params, run_id=own.run_id, round=own.round, sender=own.sender, tokens=own.tokens)
+    if fault == "signflip":
+        return encode_update({n: -t for n, t in own.tensors.items()}, **meta)
+    g = torch.Generator().manual_seed(round_)
+    noise = {n: torch.randn(t.shape, generator=g) for n, t in sorted(own.tensors.items())}
+    first = decode_update(encode_update(noise, **meta))  # top-k of noise: rescaled to the honest norm after
+    factor = own.norm / first.norm if first.norm > 0 else 1.0
+    return encode_update({n: t * factor for n, t in noise.items()}, **meta)
+
+
+def lazy(sw: SwarmConfig, engine: Any) -> None:
+    """'lazy': train every round on one fixed batch (inner step 0's), whatever the peer was assigned."""
+    if sw.fault == "lazy":
+        from gradnode.node.train.data import FixedBatches
+
+        engine.batches = FixedBatches.of(engine.batches)
 
 
 def _with_header(blob: bytes, **changes: Any) -> bytes:
@@ -51,6 +96,49 @@ def _with_header(blob: bytes, **changes: Any) -> bytes:
     header = {**msgpack.unpackb(rest[4:4 + hdr_len], raw=False), **changes}
     packed = msgpack.packb(header, use_bin_type=True)
     return blob[:6] + struct.pack("<H", 0) + struct.pack("<I", len(packed)) + packed + rest[4 + hdr_len:]
+
+
+EQUIVOCATE_FLIPS = 10  # 'equivocate': its two reports take turns in the DHT, every 0.1 s (peers read every 0.2 s)
+
+
+def equivocate(sw: SwarmConfig, round_: int, members: Any, run_id: str, me: str, seed: str,
+               included: list[tuple[str, str]]) -> None:
+    """'equivocate': after its report, publish another for the same round, naming only its own update
+    (nothing when that is what it reported), then the first again, and so on every 0.1 s for a second:
+    the DHT keeps the newest, so peers deciding at different moments read different reports."""
+    if sw.fault != "equivocate" or round_ < sw.fault_round:
+        return
+    from gradnode.protocol.records import Report, pack
+
+    own = [(s, d) for s, d in included if s == me]
+    versions = [pack(included), pack([] if set(own) == set(included) else own)]
+    for flip in range(1, EQUIVOCATE_FLIPS + 1):
+        time.sleep(0.1)
+        members.write("reports", round_, Report(run_id=run_id, round=round_, witness=me, seed=seed,
+                                                included=versions[flip % 2]))
+
+
+LOWID_KEYS = 24  # keys the 'lowid' attacker grinds for the lowest peer id (RSA-2048: ~0.15 s each on one core)
+
+
+def ground_identity(sw: SwarmConfig, path: Path) -> None:
+    """'lowid': before its first start, grind LOWID_KEYS keys and keep the one with the lowest peer id at
+    ``path`` (under the rule before witnesses the lowest id led every round and chose the round's set
+    alone). Its reports name only its own update (``reported``): a witness that censors everyone else."""
+    if sw.fault != "lowid" or path.exists():
+        return
+    tries = [path.with_name(f"{path.name}.try{k}") for k in range(LOWID_KEYS)]
+    best = min(tries, key=lambda p: load_or_create(p).peer_id)
+    os.replace(best, path)
+    for p in tries:
+        p.unlink(missing_ok=True)
+
+
+def reported(sw: SwarmConfig, round_: int, me: str, included: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The (sender, digest) pairs a witness reports: 'lowid' leaves every update but its own out."""
+    if sw.fault != "lowid" or round_ < sw.fault_round:
+        return included
+    return [(s, d) for s, d in included if s == me]
 
 
 def claim(sw: SwarmConfig, round_: int, blobs: Any, name: str, size: int) -> bool:
@@ -82,14 +170,46 @@ def flood_pushes(sw: SwarmConfig, round_: int, blob: bytes, name: str, others: l
         push(name.rsplit("/", 1)[0] + "/" + peer, forged)
 
 
-def offered_state(sw: SwarmConfig, round_: int, state: dict[str, Any]) -> dict[str, Any]:
-    """'tamper_state': the shared state offered to joiners with one weight nudged (honest hash kept)."""
-    if sw.fault != "tamper_state" or round_ < sw.fault_round:
-        return state
-    params = dict(state["global_params"])
-    name = sorted(params)[0]
-    params[name] = params[name] + 1e-3
-    return {**state, "global_params": params}
+FUTURE_ROUNDS = 10**6  # 'futurestate': how far ahead of the swarm its offered state claims to be
+POISON = -1e3  # 'badmomentum': the factor its offered outer momentum is scaled by
+
+
+def offered(sw: SwarmConfig, engine: Any) -> tuple[dict[str, Any], str, int]:
+    """The shared state this peer offers to joiners, with its hash and round: the engine's, except for
+    'tamper_state' (one weight nudged, the honest hash kept), 'badmomentum' (honest weights, the outer
+    optimizer's momentum scaled by POISON, the honest hash kept), and 'futurestate' (``future``)."""
+    if sw.fault == "futurestate" and engine.round >= sw.fault_round:
+        return future(engine)
+    state, state_hash, round_ = engine.shared_state(), engine.state_hash(), engine.round
+    if round_ < sw.fault_round or sw.fault not in ("tamper_state", "badmomentum"):
+        return state, state_hash, round_
+    if sw.fault == "tamper_state":
+        params = dict(state["global_params"])
+        name = sorted(params)[0]
+        params[name] = params[name] + 1e-3
+        return {**state, "global_params": params}, state_hash, round_
+    buffers = {k: v * POISON for k, v in state["outer"]["buffers"].items()}
+    return {**state, "outer": {**state["outer"], "buffers": buffers}}, state_hash, round_
+
+
+def future(engine: Any) -> tuple[dict[str, Any], str, int]:
+    """'futurestate': the honest weights and momentum claimed for a round FUTURE_ROUNDS ahead, under the hash
+    of that claim (it matches itself: only a check against the decided chain refuses it)."""
+    from gradnode.node.train.engine import shared_state_hash
+
+    state = engine.shared_state()
+    round_ = engine.round + FUTURE_ROUNDS
+    state_hash = shared_state_hash(engine.cfg.run.run_id, round_, state["global_params"], state["outer"]["buffers"],
+                                   state["contributors"], state["reputation"])
+    return {**state, "round": round_}, state_hash, round_
+
+
+def published_chain(sw: SwarmConfig, engine: Any, tail: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """The chain tail a peer's member record publishes: 'futurestate' claims the state it offers."""
+    if sw.fault != "futurestate" or engine is None or engine.round < sw.fault_round:
+        return tail
+    _, state_hash, round_ = future(engine)
+    return [(round_ - 1, state_hash)]
 
 
 def drift(sw: SwarmConfig, round_: int, engine: Any) -> None:
@@ -110,18 +230,20 @@ def _own_node(sw: SwarmConfig, output_dir: Path, name: str, initial: list[str]) 
     cfg = sw.model_copy(update={"initial_peers": initial, "host_maddrs": ["/ip4/127.0.0.1/tcp/0"],
                                 "announce_maddrs": [], "fault": "none"})
     t = Transport(cfg, load_or_create(output_dir / f"{name}.key"))
-    t.start()
+    t.start(timeout=20.0)  # a fork that hangs (Transport._start_dht) costs 30 s, not a minute
     return t
 
 
 def sybils(sw: SwarmConfig, run_id: str, output_dir: Path, transport: Any) -> "Sybils | Replayer | None":
-    """The extra identities of the 'flood' and 'replayleave' attackers, bootstrapped through the attacker's
+    """The extra identities of the 'flood', 'sybilvotes' and 'replayleave' attackers, bootstrapped through the attacker's
     own ``transport`` (None for every other fault); the peer calls ``publish(round)`` every heartbeat and
     ``close()`` at its end."""
     if sw.fault == "flood":
         return Sybils(sw, run_id, output_dir, transport.maddrs())
     if sw.fault == "replayleave":
         return Replayer(sw, run_id, output_dir, transport)
+    if sw.fault == "sybilvotes":
+        return SybilVoters(sw, run_id, output_dir, transport.maddrs())
     return None
 
 
@@ -150,6 +272,33 @@ class Sybils:
     def close(self) -> None:
         for t in self.transports:
             t.close()
+
+
+def sybil_hash(round_: int) -> str:
+    """The weight hash the 'sybilvotes' keys vote for after round ``round_`` (nobody holds such a state)."""
+    import hashlib
+
+    return hashlib.sha256(f"sybil-{round_}".encode()).hexdigest()
+
+
+class SybilVoters(Sybils):
+    """'sybilvotes': FLOOD_KEYS identities of the attacker's own making (more than the honest peers of a
+    test swarm) that never send an update but, every heartbeat, report the weight hash sybil_hash(r) for
+    the rounds from just before the attacker's to ten ahead, and publish member records following a chain
+    of those hashes. One
+    vote per key, they are the majority: honest peers would find their own hash off it and re-sync to a
+    state nobody offers, waiting up to swarm.max_wait_s each time, and see their chain outvoted."""
+
+    def publish(self, round_: int) -> None:
+        from gradnode.protocol.records import WeightHash
+
+        rounds = range(max(0, round_ - 2), round_ + 10)  # heartbeats are seconds apart, rounds faster
+        for m in self.members:
+            me = m.identity.peer_id
+            m.publish(round_=round_, training=True, step_seconds=1.0, inner_steps=10, tokens_per_s=1e4, rejected=0,
+                      loss=1.0, chain=[(r, sybil_hash(r)) for r in rounds][-8:])
+            for r in rounds:
+                m.write("weights", r, WeightHash(run_id=self.run_id, round=r, peer=me, param_hash=sybil_hash(r)))
 
 
 class Replayer:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import errno
 import functools
 import logging
 import random
@@ -71,6 +72,25 @@ def explain_start_failure(err: BaseException, initial: list[str], hosts: list[st
     if "multiaddr" in text or "p2p addr" in text:
         return f"a multiaddr was refused ({', '.join(initial + hosts)}): {text.splitlines()[-1].strip()}"
     return f"the libp2p daemon did not start: {text.strip().splitlines()[-1] if text.strip() else type(err).__name__}"
+
+
+def _check_ports_free(hosts: list[str]) -> None:
+    """TransportError at once for a fixed TCP port another process listens on (``/ip4/A/tcp/P``, P > 0)."""
+    import socket
+
+    for maddr in hosts:
+        parts = maddr.strip("/").split("/")
+        if len(parts) < 4 or parts[0] not in ("ip4", "ip6") or parts[2] != "tcp" or parts[3] in ("", "0"):
+            continue
+        family = socket.AF_INET if parts[0] == "ip4" else socket.AF_INET6
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the daemon binds: TIME_WAIT is no user
+            try:
+                probe.bind((parts[1], int(parts[3])))
+            except OSError as err:
+                if err.errno == errno.EADDRINUSE:
+                    raise TransportError(explain_start_failure(OSError("address already in use"), [], hosts)) from err
+                # anything else (an address not on this host...): the daemon's own words say it
 
 
 def _without_peer_id(maddr: str) -> str:
@@ -197,15 +217,12 @@ class Transport:
         # the daemon's unix sockets go to a folder of our own in the temp folder (TMPDIR; hivemind's default
         # is /tmp itself), removed on close and after a failed start; `simulate` sets TMPDIR to one folder
         # per run, removed at its end, so that peers killed with -9 leave nothing behind either
+        _check_ports_free(hosts)  # the daemon would only say so after its whole startup timeout
         self._sockdir = tempfile.mkdtemp(prefix="gn-p2p-")
         with _SOCKET_PREFIX_LOCK:
             P2P._UNIX_SOCKET_PREFIX = f"/unix{self._sockdir}/hivemind-"
             try:
-                self._dht = hivemind.DHT(
-                    initial_peers=initial or None, start=True,
-                    host_maddrs=hosts, announce_maddrs=list(self.cfg.announce_maddrs) or None,
-                    client_mode=self.cfg.client_mode, identity_path=str(self.identity.path),
-                    record_validators=[self._validator], startup_timeout=timeout, await_ready=True)
+                self._dht = self._start_dht(initial, hosts, timeout)
             except Exception as err:  # the daemon's own words read like a local fault: say what to check
                 shutil.rmtree(self._sockdir, ignore_errors=True)
                 raise TransportError(explain_start_failure(err, initial, hosts)) from err
@@ -218,6 +235,30 @@ class Transport:
         if self.cfg.fault_partition_file is not None:
             threading.Thread(target=self._watch_cut, name="partition", daemon=True).start()
         log.info("transport up peer=%s maddrs=%s", self.peer_id, ",".join(self.maddrs()))
+
+    def _start_dht(self, initial: list[str], hosts: list[str], timeout: float) -> Any:
+        """hivemind's DHT process, ready. It is forked from this process, and a fork taken while another
+        thread holds a lock (seen in a process that already runs a transport: the 'sybilvotes' attacker's
+        extra identities) can leave the child blocked on that lock forever, and hivemind waits for it with no
+        time limit (DHT(start=True) drops startup_timeout). So the wait is bounded: a child that neither came
+        up nor failed (a silent initial peer fails it within ``timeout``) is killed with what it started,
+        and forked once more."""
+        tries = 2
+        for attempt in range(1, tries + 1):
+            dht = hivemind.DHT(
+                initial_peers=initial or None, start=False,
+                host_maddrs=hosts, announce_maddrs=list(self.cfg.announce_maddrs) or None,
+                client_mode=self.cfg.client_mode, identity_path=str(self.identity.path),
+                record_validators=[self._validator], startup_timeout=timeout)
+            try:
+                dht.run_in_background(await_ready=True, timeout=timeout + 10.0)
+                return dht
+            except (TimeoutError, concurrent.futures.TimeoutError):
+                _kill_tree(dht.pid)
+                dht.join(5.0)
+                log.warning("the DHT process was neither up nor failed after %.0f s (try %d of %d)",
+                            timeout + 10.0, attempt, tries)
+        raise TimeoutError(f"the DHT process did not start in {tries} tries of {timeout + 10.0:.0f} s")
 
     def close(self) -> None:
         if self._closed:
@@ -620,3 +661,22 @@ async def _read_name(reader: asyncio.StreamReader) -> Any:
     if n > _MAX_REQUEST:
         raise ValueError(f"request name of {n} bytes")
     return msgpack.unpackb(await asyncio.wait_for(reader.readexactly(n), _STALL_S))
+
+
+def _kill_tree(pid: int | None) -> None:
+    """SIGKILL ``pid`` and every process below it (the DHT process's libp2p daemon), children first."""
+    import os
+    import signal
+
+    if pid is None:
+        return
+    try:
+        kids = open(f"/proc/{pid}/task/{pid}/children").read().split()
+    except OSError:  # gone already, or no /proc (not Linux): the process alone
+        kids = []
+    for kid in kids:
+        _kill_tree(int(kid))
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

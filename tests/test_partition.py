@@ -47,7 +47,7 @@ def test_a_split_swarm_merges_onto_one_hash_after_the_heal(run_swarm, cut: str) 
     belongs to the deterministic simulator, where a round is not a wall-clock figure."""
     if cut == "netns" and not netns.available()[0]:
         pytest.skip(f"network namespaces unavailable: {netns.available()[1]}")
-    summary = run_swarm(peers=4, rounds=30, faults="partition:0,1|2,3@r3,heal@r12", extra=PACED,
+    summary = run_swarm(peers=4, rounds=40, faults="partition:0,1|2,3@r3,heal@r12", extra=PACED,
                         timeout_s=500, link="auto" if cut == "netns" else "bucket")
     assert summary["partition"] == cut
     peers = summary["peers"]

@@ -23,7 +23,7 @@ def test_records_blobs_gossip_and_counters(trio) -> None:
 
     blob = bytes(range(256)) * 4000
     a.blobs.put("u/x", blob)
-    got = b.fetch([(a.peer_id, a.maddrs())], "u/x", max_bytes=10**7, deadline=time.monotonic() + 20)
+    got = b.fetch([(a.peer_id, a.maddrs())], "u/x", max_bytes=10**7, deadline=time.monotonic() + 60)
     assert got == blob and b.bytes_down == len(blob)
     # the server counts a piece once its write drained, which can be just after the fetcher has it all
     assert settles(lambda: a.bytes_up == len(blob)), a.bytes_up
@@ -78,7 +78,7 @@ def test_a_peer_gets_a_bounded_number_of_streams_and_pushes(trio) -> None:
             reader, writer = await b._open(a.peer_id, a.maddrs(), tr._GET, f"big{i}")
             writers.append(writer)
             try:
-                statuses.append(tr._HEADER.unpack(await asyncio.wait_for(reader.readexactly(tr._HEADER.size), 5))[0])
+                statuses.append(tr._HEADER.unpack(await asyncio.wait_for(reader.readexactly(tr._HEADER.size), 60))[0])
             except (asyncio.IncompleteReadError, ConnectionError):
                 statuses.append(-1)  # closed unread
         for w in writers:
@@ -86,21 +86,21 @@ def test_a_peer_gets_a_bounded_number_of_streams_and_pushes(trio) -> None:
         return statuses
 
     a.cfg.max_streams_per_peer = 1024  # no quota: b holds 5 streams (and 5 x 4 MB of a's send buffers) at will
-    assert b._run(hold(5), 30) == [1] * 5
+    assert b._run(hold(5), 180) == [1] * 5
     end = time.monotonic() + 60
     while a._inbound.get(b.peer_id) and time.monotonic() < end:  # a sees them closed (soon, or on a busy machine later)
         time.sleep(0.1)
     assert not a._inbound.get(b.peer_id), a._inbound
     a.cfg.max_streams_per_peer = 3
-    assert b._run(hold(5), 30) == [1, 1, 1, -1, -1] and a.quota_refusals == 2
+    assert b._run(hold(5), 180) == [1, 1, 1, -1, -1] and a.quota_refusals == 2
     # the streams closed, the slots are free again, for b and for anyone else
-    assert c.fetch([(a.peer_id, a.maddrs())], "big0", max_bytes=5 << 20, deadline=time.monotonic() + 20) is not None
+    assert c.fetch([(a.peer_id, a.maddrs())], "big0", max_bytes=5 << 20, deadline=time.monotonic() + 60) is not None
 
     a.on_push = lambda name, data: True  # accepts anything that reaches it
     others = f"u/run/5/{c.peer_id}"
-    assert b.push([(a.peer_id, a.maddrs())], others, b"x" * 100, deadline=time.monotonic() + 10) == 0
+    assert b.push([(a.peer_id, a.maddrs())], others, b"x" * 100, deadline=time.monotonic() + 60) == 0
     own = f"u/run/5/{b.peer_id}"
-    got = [b.push([(a.peer_id, a.maddrs())], own, b"x" * 100, deadline=time.monotonic() + 10) for _ in range(4)]
+    got = [b.push([(a.peer_id, a.maddrs())], own, b"x" * 100, deadline=time.monotonic() + 60) for _ in range(4)]
     assert got == [1, 1, 1, 0] and a.quota_refusals == 4
 
 
@@ -121,12 +121,12 @@ def test_a_trickling_holder_costs_a_second_once_not_a_deadline(trio) -> None:
     assert time.monotonic() - t0 > 6.0
     b.cfg.min_stream_bytes_per_s = 16384
     t0 = time.monotonic()
-    assert b.fetch([(a.peer_id, a.maddrs())], "u/run/1/x", max_bytes=1 << 20, deadline=t0 + 2.0) is None
+    assert b.fetch([(a.peer_id, a.maddrs())], "u/run/1/x", max_bytes=1 << 20, deadline=t0 + 15) is None  # the floor (without it: the blob, in ~8 s)
     served = c.bytes_up
     for _ in range(5):  # both hold it; the slow one goes last, whatever the shuffle: c serves all five
         assert b.fetch([(a.peer_id, a.maddrs()), (c.peer_id, c.maddrs())], "u/run/1/x", max_bytes=1 << 20,
-                       deadline=time.monotonic() + 20) == blob
-    assert c.bytes_up - served >= 5 * len(blob), (c.bytes_up, served)
+                       deadline=time.monotonic() + 60) == blob
+    assert settles(lambda: c.bytes_up - served >= 5 * len(blob)), (c.bytes_up, served)
 
 
 def test_missing_oversized_and_dead_sources_return_none(trio) -> None:

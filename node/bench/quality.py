@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from gradnode.node.bench import pyplot
-from gradnode.node.config import Config, config_from_dict
+from gradnode.node.config import Config, config_from_dict, with_overrides
 from gradnode.node.train.data import Batches, load_corpus
 from gradnode.node.train.engine import Engine, schedule_steps
 from gradnode.node.train.inner import InnerTrainer, pick_device
@@ -103,13 +103,7 @@ def bench_config(s: BenchSettings, algorithm: str) -> Config:
             "inner": {**base["inner"], "steps": s.inner_steps, "lr": s.inner_lr,
                       "warmup_steps": min(50, s.rounds * s.inner_steps // 10)},
             "outer": outer, "codec": codec, "checkpoint": {"every_rounds": 0}}
-    for dotted, value in s.overrides.items():
-        node = tree
-        *parents, leaf = dotted.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return config_from_dict(tree, f"bench quality ({algorithm})")
+    return config_from_dict(with_overrides(tree, s.overrides), f"bench quality ({algorithm})")
 
 
 def run_local_sgd(cfg: Config, s: BenchSettings, name: str, on_round: Callable[[int], None]) -> BenchResult:

@@ -31,7 +31,7 @@ import torch
 from gradnode.node.bench.attacks import ATTACKS, TRAINS, Attacker
 from gradnode.node.bench import pyplot
 from gradnode.node.train.data import FixedBatches
-from gradnode.node.config import Config, config_from_dict
+from gradnode.node.config import Config, config_from_dict, with_overrides
 from gradnode.node.train.engine import Engine, codec_params
 from gradnode.node.train.model import count_params
 from gradnode.node.train.score import Scorer, ScoreParams
@@ -129,13 +129,7 @@ def bench_config(s: RobustSettings, rule: str) -> Config:
         "outer": {"algorithm": "sparseloco", "lr": s.sparseloco_lr, "momentum": 0.0, "ef_beta": s.ef_beta,
                   "aggregation": rule, "clip_to_median": True},
         "checkpoint": {"every_rounds": 0}}
-    for dotted, value in s.overrides.items():
-        node = tree
-        *parents, leaf = dotted.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return config_from_dict(tree, f"bench robust ({rule})")
+    return config_from_dict(with_overrides(tree, s.overrides), f"bench robust ({rule})")
 
 
 def run_one(s: RobustSettings, rule: str, attack: str | None, replicas: int, attackers: int) -> RunResult:

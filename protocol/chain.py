@@ -36,6 +36,12 @@ def agree(a: Sequence[Link], b: Sequence[Link]) -> bool | None:
     return left[r] == dict(b)[r]
 
 
+def newest_common(a: Sequence[Link], b: Sequence[Link]) -> int:
+    """The newest round that ``a`` and ``b`` list with the same hash; -1 when none."""
+    left = dict(a)
+    return max((r for r, h in b if left.get(r) == h), default=-1)
+
+
 def groups(tails: Mapping[str, Sequence[Link]]) -> list[list[str]]:
     """Peers grouped by chain, each group sorted, the winning group first (see the module docstring)."""
     parent = {p: p for p in tails}
@@ -63,3 +69,12 @@ def winner(tails: Mapping[str, Sequence[Link]]) -> list[str]:
     """The peers of the winning chain ([] when nobody published a tail)."""
     found = groups({p: t for p, t in tails.items() if t})
     return found[0] if found else []
+
+
+def unsettled(mine: Sequence[Link], others: Mapping[str, Sequence[Link]], my_round: int,
+              rounds: Mapping[str, int]) -> list[str]:
+    """The peers that do not hold our newest state yet, at the end of a run: behind our round (``rounds``,
+    what their records say), or on another chain (``others``: their tail lists another hash for a round ours
+    lists). A tail sharing no round with ours (it claims a far state) is not waited for. Sorted."""
+    behind = {p for p, r in rounds.items() if r < my_round}
+    return sorted(behind | {p for p, t in others.items() if agree(mine, t) is False})

@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 from gradnode.node.swarm.addressbook import MAX_ENTRIES, AddressBook, with_peer_id
-from gradnode.protocol.chain import agree, groups, winner
+from gradnode.protocol.chain import agree, groups, unsettled, winner
 
 
 def tail(prefix: str, newest: int, n: int = 4) -> list[tuple[int, str]]:
@@ -95,15 +95,45 @@ def test_a_weight_report_of_a_chain_its_author_has_left_counts_for_the_chain_it_
     adopted = [(10, "zz000000a"), (11, "zz000000b"), (12, "zz000000c"), (13, "aa000000d")]
     merged = chain_view(members(a1=adopted, b2=adopted, c4=tail("aa", 13)), "c3" * 10, tail("aa", 13))
     assert sorted(merged.allies) == ["a1" * 10, "b2" * 10, "c4" * 10]
-    assert not off_majority(old, "a" * 8, merged)
+    assert not off_majority(old, "a" * 8, merged, 12)
     # before the merge (a1, b2 still on "f") the tie stands, and the "a" pair is off the majority: the hash
     # check repairs a split this way when the chains are not in sight yet
     split = chain_view(members(a1=tail("zz", 13), b2=tail("zz", 13), c4=tail("aa", 13)), "c3" * 10, tail("aa", 13))
-    assert split.allies == ["c4" * 10] and off_majority(old, "a" * 8, split)
+    assert split.allies == ["c4" * 10] and off_majority(old, "a" * 8, split, 12)
     # a peer that drifted alone has no ally to count for it; without a hash of the round nothing is checked
     drifted = chain_view(members(a1=tail("aa", 12), b2=tail("aa", 12)), "c3" * 10, tail("aa", 11, 3) + [(12, "x")])
-    assert drifted.allies == [] and off_majority(reports(a1="a" * 8, b2="a" * 8, c3="e" * 8), "e" * 8, drifted)
-    assert not off_majority(old, None, merged)
+    assert drifted.allies == [] and off_majority(reports(a1="a" * 8, b2="a" * 8, c3="e" * 8), "e" * 8, drifted, 12)
+    assert not off_majority(old, None, merged, 12)
+
+
+def test_an_ally_by_an_older_round_does_not_vote_for_our_hash_of_a_newer_one() -> None:
+    """A peer that drifted alone in the run's last round (12) sees its partners' records a round old (ending
+    on 11, where it agrees with them): they are its allies by chain, but they say nothing about its hash of
+    round 12, and their reports of 12 name another hash: it is off the majority and re-syncs."""
+    from types import SimpleNamespace
+
+    from gradnode.node.swarm.chores import off_majority
+    from gradnode.node.swarm.health import chain_view
+    from gradnode.protocol.records import WeightHash
+
+    others = {p * 10: SimpleNamespace(training=True, chain=tail("aa", 11)) for p in ("a1", "b2", "c3")}
+    view = chain_view(others, "d4" * 10, tail("aa", 11, 3) + [(12, "x")])
+    assert sorted(view.allies) == ["a1" * 10, "b2" * 10, "c3" * 10] and view.allies_since(12) == []
+    assert view.allies_since(11) == sorted(view.allies)
+    reports = [WeightHash(run_id="r", round=12, peer=p, param_hash="a" * 8) for p in others]
+    assert off_majority(reports, "e" * 8, view, 12)
+
+
+def test_a_finished_peer_waits_for_the_peers_behind_or_off_its_state() -> None:
+    mine = tail("aa", 12)
+    others = {"behind": tail("aa", 11), "level": tail("aa", 12), "forked": tail("aa", 11, 3) + [(12, "x")],
+              "far": [(10 ** 6, "f")]}
+    rounds = {"behind": 12, "level": 13, "forked": 13, "far": 10 ** 6 + 1}
+    # behind by its record's round; forked by its hash of round 12; a tail sharing no round is not waited for
+    assert unsettled(mine, others, 13, rounds) == ["behind", "forked"]
+    assert unsettled(mine, {"level": others["level"]}, 13, {"level": 13}) == []
+    # a trainer that is no contributor yet (a joiner) is waited for while behind; its chain is not looked at
+    assert unsettled(mine, {}, 13, {"joiner": 0, "level": 13}) == ["joiner"]
 
 
 def test_address_book_keeps_the_newest_backs_off_and_survives_a_restart(tmp_path: Path) -> None:

@@ -54,15 +54,18 @@ class StateOffer:
     round: int
 
 
-def off_majority(reports: list[WeightHash], mine: str | None, chains: ChainView) -> bool:
+def off_majority(reports: list[WeightHash], mine: str | None, chains: ChainView, round_: int) -> bool:
     """Our hash ``mine`` of a round loses the majority vote of its weight reports. A peer that follows our chain
     now counts for our hash: its report is of a chain it has left since (after a healed split the losing
     side adopts the winner's chain, and its old reports of the rounds before the merge tie 2-2 with the
     winners'; the tie went to the losers' old hash, and the winners re-synced towards a state nobody offered
-    any more, stalled max_wait_s, and the run ended split in two)."""
+    any more, stalled max_wait_s, and the run ended split in two). Only a peer seen to hold our state of
+    ``round_`` (the reports' round) or a later one counts so: one whose record is older than our newest
+    round says nothing about its hash of it (a peer that drifted alone in the last round counted its three
+    honest partners as allies by their round-before, and never re-synced)."""
     if mine is None:
         return False
-    found = majority_hash(reports, moved={p: mine for p in chains.allies})
+    found = majority_hash(reports, moved={p: mine for p in chains.allies_since(round_)})
     return found is not None and found[0] != mine
 
 
@@ -121,7 +124,7 @@ class Chores:
             with self.phases.time("checkpoint"):
                 self.save(snap)
         mismatch = None
-        if report is not None and before is not None and off_majority(before, report.previous_hash, chains):
+        if report is not None and before is not None and off_majority(before, report.previous_hash, chains, report.round - 1):
             mismatch = report.round - 1
         return Findings(mismatch, chains)
 

@@ -33,7 +33,16 @@ class ChainView:
     winners: list[str] = field(default_factory=list)  # the peers following it
     tie: bool = False  # this peer's chain is followed by as many peers as the winning one
     mine: int = 1  # peers following this peer's chain, itself included
+    me: str = ""
     allies: list[str] = field(default_factory=list)  # the other peers following this peer's chain
+    tails: dict[str, list[Link]] = field(default_factory=dict)  # the tails it was read from, by peer
+
+    def allies_since(self, round_: int) -> list[str]:
+        """The allies that hold our state of ``round_`` or a later one (their tail and ours agree on a round
+        at or after it): what they reported of ``round_`` is of a chain they left since, if it differs. One
+        whose newest published round we share is older (a record a round behind) is no ally for ``round_``."""
+        mine = self.tails.get(self.me, [])
+        return [p for p in self.allies if chain.newest_common(self.tails.get(p, []), mine) >= round_]
 
 
 def chain_view(members: dict[str, MemberRecord], me: str, my_tail: list[Link]) -> ChainView:
@@ -50,7 +59,7 @@ def chain_view(members: dict[str, MemberRecord], me: str, my_tail: list[Link]) -
     return ChainView(trainers=trainers, groups=len(found), on_winner=me in win or not my_tail,
                      winner_links={link for p in win for link in tails[p]}, winners=win,
                      tie=me not in win and len(mine) == len(win), mine=len(mine),
-                     allies=[p for p in mine if p != me] if my_tail else [])
+                     allies=[p for p in mine if p != me] if my_tail else [], me=me, tails=tails)
 
 
 def write(folder: Path, *, view: ChainView, round_: int, expected: int, waiting: bool) -> None:

@@ -47,6 +47,7 @@ from gradnode.node.swarm.metrics import Exporter, Gauges, RoundSinks
 from gradnode.node.swarm.report import PeerSummary, Phases, Tally, append_metrics
 from gradnode.node.swarm.sync import Sync
 from gradnode.node.swarm.transport import Transport, TransportError
+from gradnode.protocol import chain
 from gradnode.protocol.chain import Link
 from gradnode.protocol.records import update_name
 
@@ -55,6 +56,7 @@ if TYPE_CHECKING:  # torch: imported by the training loop only, not by `--help`
 
 log = logging.getLogger(__name__)
 
+LINGER_S = 60.0  # at most this long a finished peer serves the others that do not hold its state yet
 HEARTBEAT_S = 10.0  # member record refresh and re-dialling of absent peers, at most this far apart
 DIAL_WINDOW_S = 6 * 3600.0  # address-book peers seen within this are re-dialled while absent
 # blobs served per round (updates, reports spelled out, decided sets, counted reports):
@@ -257,8 +259,10 @@ class Peer:
                 pending = None
             self._hand_off_chores()
         wall = self._drain(pending, t_start)
-        done.set()
-        return self._wrap_up(wall)
+        try:  # the record stays fresh while the run is wrapped up: a re-sync there must show, and we still serve
+            return self._wrap_up(wall)
+        finally:
+            done.set()
 
     def _prepare(self) -> None:
         """Resume our own checkpoint or start fresh, wait for the swarm, get level with it."""
@@ -543,13 +547,11 @@ class Peer:
     def _wrap_up(self, wall: float) -> PeerSummary:
         if self.saved_round != self.engine.round:
             self._save_checkpoint()
+        if self._last_round_off_majority():  # no next round's hash check will repair the last one
+            self._save_checkpoint()
         if self.do_eval:
             self.val_last = self.engine.evaluate()
         self._linger()
-        if self._last_round_off_majority():  # no next round's hash check will repair the last one
-            self._save_checkpoint()
-            if self.do_eval:
-                self.val_last = self.engine.evaluate()
         return self._summary(wall)
 
     def _last_round_off_majority(self) -> bool:
@@ -559,17 +561,24 @@ class Peer:
         mine = self.history.hashes.get(last)
         if not self.sw.hash_check or mine is None or self.stop.is_set():
             return False
-        others = [p for p, m in self.membership.fresh(max_age=0).items() if m.training and p != self.identity.peer_id]
+        # who to hear from: the live trainers, and the makers of the last round (they may have finished and
+        # left already: their reports stay in the DHT)
+        me = self.identity.peer_id
+        others = {p for p, m in self.membership.fresh(max_age=0).items() if m.training} | set(self.history.senders)
+        others.discard(me)
         end, reports = time.monotonic() + min(10.0, self.sw.max_wait_s), []
         while time.monotonic() < end and not self.stop.is_set():
             reports = self.membership.reports(last)
-            if len({w.peer for w in reports}) > len(others) // 2:
+            if len({w.peer for w in reports} & others) > len(others) // 2:
                 break
             time.sleep(0.5)
-        if not off_majority(reports, mine, self.chains):
+        if not off_majority(reports, mine, self._look_at_chains(), last):
             return False
         log.warning("weight hash of the last round=%d differs from the majority: re-syncing", last)
-        return self._sync_state(reason="last round", force=True)
+        synced = self._sync_state(reason="last round", force=True)
+        if synced:
+            self._publish_member(training=True)  # the peers lingering for us see our new chain at once
+        return synced
 
     # --- helpers ----------------------------------------------------------------------------------
 
@@ -657,14 +666,23 @@ class Peer:
                       self.cfg.run.output_dir / "checkpoints")
 
     def _linger(self) -> None:
-        """Keep serving after the last round until the others have it too (bounded)."""
-        end = time.monotonic() + min(self.sw.max_wait_s, 30.0)
+        """Keep serving after the last round until every other live trainer holds our newest state too
+        (bounded): one still behind downloads it, and one that ended the run on another hash (a report that
+        reached it too late, a drift only the last round's check sees) re-syncs from us. Leaving at once
+        left it alone on its hash: its re-sync found no state offer (seen in CI: 2 of 5 peers)."""
+        end = time.monotonic() + min(self.sw.max_wait_s, LINGER_S)
+        me, waiting = self.identity.peer_id, []
         while time.monotonic() < end and not self.stop.is_set():
-            rounds = [m.round for p, m in self.membership.members(max_age=0).items()
-                      if m.training and p != self.identity.peer_id]
-            if all(r >= self.engine.round for r in rounds):
-                break
+            votes = self.membership.votes()  # any trainer behind is waited for; a fork only by a contributor's chain
+            others = {p: m for p, m in self.membership.fresh(max_age=0).items() if m.training and p != me}
+            waiting = chain.unsettled(self.history.tail(), {p: m.chain for p, m in others.items() if votes(p)},
+                                      self.engine.round, {p: m.round for p, m in others.items()})
+            if not waiting:
+                return
             time.sleep(0.5)
+        if waiting:
+            log.warning("run over; %d live trainer(s) still not on our state %s: leaving them", len(waiting),
+                        ",".join(p[:12] for p in waiting))
 
     def _refresh_gauges(self) -> None:
         """Fill in what the metrics port serves beyond the tally (heartbeat, every round, and scrapes)."""

@@ -777,7 +777,8 @@ def _check_link(link: str, bandwidth: Optional[str]) -> None:
 
 
 @command("simulate")
-def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=64, metavar="N", help="Training peers."),
+def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=4096, metavar="N",
+                                           help="Training peers (at most 64 as processes)."),
                  rounds: int = typer.Option(5, "--rounds", "-r", min=1, metavar="N", help="Rounds each peer trains."),
                  config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = SetOpt,
                  as_json: bool = typer.Option(False, "--json", help="Print one JSON summary object."),
@@ -807,6 +808,13 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=64, me
                                                           "this port, every process Prometheus metrics on a free "
                                                           "port (listed in RUN/prometheus-targets.json; `prometheus "
                                                           "--config.file=RUN/prometheus.yml` scrapes them)."),
+                 virtual: bool = typer.Option(False, "--virtual", help="No processes: the round protocol's core "
+                                              "for every peer on one virtual clock (node/sim/virtual.py), seeded; "
+                                              "checks safety every round. Reads the swarm's deadline settings from "
+                                              "--config/--set."),
+                 late_records: float = typer.Option(0.01, "--late-records", min=0.0, max=1.0, metavar="P",
+                                                    help="--virtual: the chance that a record reaches one reader up "
+                                                         "to 8 s late (the DHT hid it for a while)."),
                  verbose: bool = VerboseOpt) -> None:
     """Start a bootstrap and N peers as processes on this machine, show them live, print a summary."""
     import shutil
@@ -815,6 +823,12 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=64, me
     from gradnode.node.sim import faults
     from gradnode.node.sim import simulate as sim
 
+    if virtual:
+        _simulate_virtual(peers, rounds, seed or 0, config, set_ or [], faults_spec, late_records, as_json)
+        return
+    if peers > 64:
+        typer.echo("error: --peers: at most 64 processes on one machine (--virtual runs more)", err=True)
+        raise typer.Exit(2)
     overrides = [*(set_ or []), f"checkpoint.keep={keep_checkpoints}"]
     _load(config, overrides)  # fail fast on a bad config, before any process starts
     _setup_logging(verbose)
@@ -851,6 +865,26 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=64, me
     else:
         _say(f"run folder: {out} ({_size(out)}); remove it with `rm -rf {out}`, or pass --clean next time")
     if not summary["identical_hashes"]:
+        raise typer.Exit(1)
+
+
+def _simulate_virtual(peers: int, rounds: int, seed: int, config: Optional[Path], overrides: list[str],
+                      faults_spec: Optional[str], late: float, as_json: bool) -> None:
+    from gradnode.node.sim import virtual
+    from gradnode.protocol.round import Params
+
+    if faults_spec:
+        typer.echo("error: --faults: not modelled by --virtual yet (the process simulator runs them)", err=True)
+        raise typer.Exit(2)
+    sw = _load(config, overrides).swarm
+    params = Params(min_deadline_s=sw.min_deadline_s, deadline_slack=sw.deadline_slack,
+                    commit_grace_s=sw.commit_grace_s, max_wait_s=sw.max_wait_s)
+    out = virtual.run(virtual.Scenario(peers=peers, rounds=rounds, seed=seed, late_p=late, params=params))
+    if as_json:
+        typer.echo(json.dumps(out))
+    else:
+        virtual.print_summary(out)
+    if out["final_hashes"] != 1 or out["stalled"]:
         raise typer.Exit(1)
 
 

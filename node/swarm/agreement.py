@@ -40,6 +40,7 @@ from gradnode.node.swarm import adversary
 from gradnode.node.swarm.clock import window_s
 from gradnode.node.swarm.equivocation import Equivocators
 from gradnode.node.swarm.membership import Membership
+from gradnode.protocol import round as core
 from gradnode.protocol import witness
 from gradnode.protocol.records import (
     MAX_PEERS_PER_ROUND,
@@ -56,7 +57,7 @@ from gradnode.protocol.records import (
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.2
+POLL_S = core.POLL_S
 WITNESS_WINDOW = 8  # rounds: a peer whose update was applied this recently witnesses the next round
 
 

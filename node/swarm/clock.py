@@ -20,29 +20,31 @@ compute.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 
 from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm.membership import Membership
+from gradnode.protocol import round as core
 from gradnode.protocol.records import UpdateAnnouncement
 
 log = logging.getLogger(__name__)
 
 
+def params(cfg: SwarmConfig) -> core.Params:
+    """The settings the round's rules read (protocol/round.py)."""
+    return core.Params(min_deadline_s=cfg.min_deadline_s, deadline_slack=cfg.deadline_slack,
+                       commit_grace_s=cfg.commit_grace_s, max_wait_s=cfg.max_wait_s)
+
+
 def window_s(cfg: SwarmConfig, round_seconds: float) -> float:
     """A round's deadline window: (deadline_slack - 1) median rounds after its anchor, at least min_deadline_s."""
-    return max(cfg.min_deadline_s, (cfg.deadline_slack - 1.0) * round_seconds)
+    return core.window_s(params(cfg), round_seconds)
 
 
 def deadline_from(first_seen: dict[str, float], n_live: int, round_seconds: float, cfg: SwarmConfig) -> float | None:
     """Round deadline (monotonic seconds) once half the live training peers announced; None before."""
-    k = max(1, math.ceil(n_live / 2))
-    if len(first_seen) < k:
-        return None
-    anchor = sorted(first_seen.values())[k - 1]
-    return anchor + window_s(cfg, round_seconds)
+    return core.deadline_from(first_seen, n_live, window_s(cfg, round_seconds))
 
 
 class Deadline:

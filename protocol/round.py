@@ -1,0 +1,397 @@
+"""One round's rules, as one peer applies them: a pure state machine (events in, actions out).
+
+No threads, sockets, files or clocks here: every event carries the time at which the shell saw it
+(seconds on that peer's own monotonic clock), and the same events in give the same actions out. The
+shell (node/swarm/) turns DHT reads, stream fetches and timers into events and carries out the actions;
+the virtual simulator (node/sim/virtual.py) drives many cores on one virtual clock.
+
+A round, as today's node runs it (node/swarm/exchange.py and agreement.py, the rules moved as they are):
+
+collect   Every announced update is fetched and verified (the shell does that; ``Verified``/``FetchEnded``
+          say how it went). The round's deadline falls once half the live trainers announced (the
+          anchor): ``window`` seconds after the k-th first sighting, k = ceil(live / 2). Collecting ends
+          when every live trainer's update is verified ('everyone'), when a strict majority of the other
+          witnesses reported and no fetch is under way ('others reported'), or once the updates announced
+          by the deadline are verified or failed, at most one window after it ('deadline'); at the latest
+          ``max_wait_s`` after the round began.
+report    A witness publishes what it verified (``PublishReport``); an observer reports nothing.
+decide    The set is what a strict majority of the counted reports lists (protocol/witness.py). The peer
+          waits for every eligible witness that is not absent, up to a grace period (``max(commit_grace_s,
+          window)``); past it, it asks the missing witnesses for their reports directly (``AskWitnesses``,
+          once a window); with no eligible witness heard two windows past the grace, the live trainers'
+          reports count instead ('live fallback'); with none of those either and every other trainer two
+          rounds ahead, the round is given up ('passed by'); ``max_wait_s`` after the report, whatever was
+          counted stands ('max wait').
+settle    Just before applying, the reports are counted again as they stand (``settle``): a report that came
+          after the grace period is in by then for every peer that received it.
+
+Reports are final: a witness seen with two different reports on one chain is an equivocator (the shell
+proves and bans it; ``ReportSeen`` of a second, different report returns ``Equivocated``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Union
+
+from gradnode.protocol import witness as witness_rule
+from gradnode.protocol.records import pack
+
+POLL_S = 0.2  # the shell's poll of the DHT while deciding: a grace period ends one poll late at most
+
+
+@dataclass(frozen=True)
+class Params:
+    """The settings a round's rules read (SwarmConfig's fields of the same names)."""
+
+    min_deadline_s: float = 2.0
+    deadline_slack: float = 1.5
+    commit_grace_s: float = 3.0
+    max_wait_s: float = 120.0
+
+
+def window_s(p: Params, round_seconds: float) -> float:
+    """A round's deadline window: (deadline_slack - 1) median rounds after its anchor, at least min_deadline_s."""
+    return max(p.min_deadline_s, (p.deadline_slack - 1.0) * round_seconds)
+
+
+def deadline_from(first_seen: dict[str, float], n_live: int, window: float) -> float | None:
+    """The round's deadline once half the live training peers announced (the k-th first sighting plus the
+    window); None before."""
+    k = max(1, math.ceil(n_live / 2))
+    if len(first_seen) < k:
+        return None
+    return sorted(first_seen.values())[k - 1] + window
+
+
+# --- what a peer sees --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Report:
+    """A witness's report as the core needs it: its chain (``seed``), the fingerprints it lists (packed,
+    records.pack), or an abstention. ``digest`` identifies the report (records.report_digest)."""
+
+    witness: str
+    seed: str
+    fps: bytes = b""
+    abstain: bool = False
+    digest: bytes = b""
+
+
+@dataclass(frozen=True)
+class View:
+    """What the member records say right now (the shell reads them; the core never does).
+
+    ``trainers``: other training peers keeping up with the round; ``counted``: those of them whose records
+    hold a deadline off (Membership.keeping_up); ``leaving``: announced departures; ``present``: eligible
+    witnesses with a record in sight no more than four rounds behind; ``live``: every training member;
+    ``ahead``: training members two or more rounds past this round."""
+
+    trainers: frozenset[str] = frozenset()
+    counted: frozenset[str] = frozenset()
+    leaving: frozenset[str] = frozenset()
+    present: frozenset[str] = frozenset()
+    live: frozenset[str] = frozenset()
+    ahead: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Announced:
+    now: float
+    sender: str
+    first_seen: float  # when it was announced, on this peer's clock (the DHT gives the age)
+
+
+@dataclass(frozen=True)
+class Verified:
+    now: float
+    sender: str
+    digest: str
+
+
+@dataclass(frozen=True)
+class FetchEnded:
+    """A fetch ended without a verified update (failed, rejected, timed out)."""
+
+    now: float
+    sender: str
+
+
+@dataclass(frozen=True)
+class FetchStarted:
+    now: float
+    sender: str
+
+
+@dataclass(frozen=True)
+class ReportSeen:
+    now: float
+    report: Report
+
+
+@dataclass(frozen=True)
+class Members:
+    now: float
+    view: View
+
+
+@dataclass(frozen=True)
+class Tick:
+    now: float
+
+
+Event = Union[Announced, Verified, FetchEnded, FetchStarted, ReportSeen, Members, Tick]
+
+
+# --- what the shell must do --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PublishReport:
+    pairs: tuple[tuple[str, str], ...]  # (sender, digest) verified, doubted senders left out
+
+
+@dataclass(frozen=True)
+class AskWitnesses:
+    witnesses: tuple[str, ...]
+    wait_s: float
+
+
+@dataclass(frozen=True)
+class Decided:
+    fps: bytes | None  # None: no report counted (the round is undecided for now)
+    witnesses: int
+    how: str  # 'all reported', 'grace', 'asked', 'live fallback', 'passed by', 'max wait'
+
+
+@dataclass(frozen=True)
+class Equivocated:
+    first: Report
+    second: Report
+
+
+@dataclass(frozen=True)
+class Wake:
+    """Call ``step(Tick(at))`` then, or earlier with any event."""
+
+    at: float
+
+
+Action = Union[PublishReport, AskWitnesses, Decided, Equivocated, Wake]
+
+
+@dataclass
+class RoundCore:
+    """Round ``round_`` as peer ``me`` runs it. ``eligible``: its eligible witnesses (empty: the live trainers
+    when deciding starts); ``sender``: this peer sent an update (else it observes: no report, never counted);
+    ``seed``: the state hash the previous round agreed on (only reports on it count)."""
+
+    params: Params
+    round_: int
+    me: str
+    eligible: frozenset[str]
+    sender: bool
+    seed: str
+    round_seconds: float
+    start: float
+    phase: str = "collect"  # -> 'deciding' -> 'decided'
+    view: View = field(default_factory=View)
+    first_seen: dict[str, float] = field(default_factory=dict)
+    verified: dict[str, str] = field(default_factory=dict)
+    fetching: set[str] = field(default_factory=set)
+    reports: dict[str, Report] = field(default_factory=dict)
+    banned: set[str] = field(default_factory=set)
+    doubted: set[str] = field(default_factory=set)  # senders this witness's loss check judged harmful
+    awaited: frozenset[str] | None = None
+    finish_by: float = math.inf
+    collect_why: str = ""
+    reported_at: float = 0.0
+    asked_at: float = -math.inf
+    live_fallback: bool = False
+    decided: Decided | None = None
+
+    def __post_init__(self) -> None:
+        if not self.sender:
+            self.eligible = self.eligible - {self.me}
+
+    @property
+    def window(self) -> float:
+        return window_s(self.params, self.round_seconds)
+
+    # --- events ----------------------------------------------------------------------------------
+
+    def step(self, event: Event) -> list[Action]:
+        """Take one event; return what to do now (a ``Wake`` last when the core waits for time)."""
+        out: list[Action] = []
+        if isinstance(event, Announced):
+            self.first_seen.setdefault(event.sender, event.first_seen)
+        elif isinstance(event, FetchStarted):
+            if event.sender not in self.verified:
+                self.fetching.add(event.sender)
+        elif isinstance(event, Verified):
+            self.verified[event.sender] = event.digest
+            self.fetching.discard(event.sender)
+        elif isinstance(event, FetchEnded):
+            self.fetching.discard(event.sender)
+        elif isinstance(event, ReportSeen):
+            out += self._seen(event.report)
+        elif isinstance(event, Members):
+            self.view = event.view
+        now = event.now
+        if self.phase == "collect":
+            out += self._collect(now)
+        if self.phase == "deciding":
+            out += self._decide(now)
+        wake = self._next_wake(now)
+        if wake is not None:
+            out.append(Wake(wake))
+        return out
+
+    def own_update(self, now: float, digest: str) -> list[Action]:
+        """This peer announced (and verified) its own update."""
+        self.first_seen.setdefault(self.me, now)
+        self.verified[self.me] = digest
+        return self.step(Tick(now))
+
+    def _seen(self, r: Report) -> list[Action]:
+        if r.witness in self.banned or (r.seed != self.seed and not r.abstain):
+            return []
+        first = self.reports.get(r.witness)
+        if first is None:
+            self.reports[r.witness] = r
+            return []
+        if first.digest != r.digest or first.fps != r.fps or first.abstain != r.abstain:
+            self.banned.add(r.witness)
+            del self.reports[r.witness]
+            return [Equivocated(first, r)]
+        return []
+
+    # --- collect ---------------------------------------------------------------------------------
+
+    def _abstaining(self) -> set[str]:
+        return {w for w, r in self.reports.items() if r.abstain}
+
+    def _live(self) -> tuple[set[str], set[str]]:
+        trainers, live = set(self.view.trainers), set(self.view.counted) | ({self.me} if self.sender else set())
+        if not live <= set(self.verified):
+            sitting_out = self._abstaining()
+            trainers, live = trainers - sitting_out, live - sitting_out
+        return trainers, live
+
+    def majority_reported(self, live: set[str]) -> bool:
+        others = (self.eligible or live) - {self.me}
+        if not others:
+            return False
+        done = sum(1 for w, r in self.reports.items() if w in others and not r.abstain)
+        return 2 * done > len(others)
+
+    def deadline(self) -> float | None:
+        return deadline_from(self.first_seen, len(self._live()[1]), self.window)
+
+    def _collect(self, now: float) -> list[Action]:
+        trainers, live = self._live()
+        deadline = deadline_from(self.first_seen, len(live), self.window)
+        everyone = live <= set(self.verified) and trainers <= live
+        moved_on = not self.fetching and self.majority_reported(live)
+        if self.awaited is None and deadline is not None and now >= deadline:
+            self.awaited = frozenset(s for s in self.first_seen if not self.eligible or s in self.eligible)
+            self.finish_by = now + self.window
+        fetched = self.awaited is not None and not (self.awaited & self.fetching)
+        if everyone or moved_on or fetched:
+            self.collect_why = "everyone" if everyone else "others reported" if moved_on else "deadline"
+        elif now >= min(self.start + self.params.max_wait_s, self.finish_by):
+            self.collect_why = "deadline and a window"
+        else:
+            return []
+        self.phase, self.reported_at = "deciding", now
+        if not self.eligible:
+            self.eligible = frozenset(self.view.live - {self.me}) | ({self.me} if self.sender else frozenset())
+        if not self.sender:
+            return []
+        pairs = tuple(sorted((s, d) for s, d in self.verified.items() if s not in self.doubted))
+        fps = pack(pairs)
+        self.reports.setdefault(self.me, Report(self.me, self.seed, fps, digest=fps))
+        return [PublishReport(pairs)]
+
+    # --- decide ----------------------------------------------------------------------------------
+
+    def _absent(self) -> set[str]:
+        return set(self.view.leaving) | self._abstaining() | self.banned | \
+            {p for p in self.eligible if p != self.me and p not in self.view.present}
+
+    def _counted(self) -> list[Report]:
+        among = (set(self.view.live) | {self.me}) if self.live_fallback else set(self.eligible)
+        return [r for w, r in sorted(self.reports.items()) if w in among and not r.abstain]
+
+    def count(self) -> tuple[bytes, int] | None:
+        counted = self._counted()
+        if not counted:
+            return None
+        return witness_rule.witnessed(r.fps for r in counted), len(counted)
+
+    def _end(self, how: str) -> list[Action]:
+        found = self.count()
+        self.decided = Decided(found[0] if found else None, found[1] if found else 0, how)
+        self.phase = "decided"
+        return [self.decided]
+
+    def _decide(self, now: float) -> list[Action]:
+        grace_end = self.reported_at + max(self.params.commit_grace_s, self.window) + POLL_S
+        hard_stop = self.reported_at + self.params.max_wait_s
+        counted = self._counted()
+        waiting = set(self.eligible) - set(self.reports) - self._absent() - {self.me}
+        if counted and (not waiting or now >= grace_end):
+            return self._end("all reported" if not waiting else "grace")
+        out: list[Action] = []
+        if now >= grace_end and now - self.asked_at >= self.window:
+            self.asked_at = now
+            out.append(AskWitnesses(tuple(sorted(waiting or (set(self.eligible) - {self.me}))),
+                                    min(self.window, 5.0)))
+        if not counted and now >= grace_end + self.window:
+            self.live_fallback = True
+            if self._counted():
+                return out + self._end("live fallback")
+            self.live_fallback = False
+            others = set(self.view.live) - {self.me}
+            if others and others <= set(self.view.ahead):
+                return out + self._end("passed by")
+        if now >= hard_stop:
+            return out + self._end("max wait")
+        return out
+
+    def asked(self, now: float, got: list[Report]) -> list[Action]:
+        """The reports the witnesses served when asked (``AskWitnesses``); counted like the DHT's."""
+        out: list[Action] = []
+        for r in got:
+            out += self._seen(r)
+        if self.phase == "deciding" and self._counted():
+            return out + self._end("asked")
+        return out + self.step(Tick(now))
+
+    def settle(self) -> tuple[bytes, int] | None:
+        """The second count, just before the round is applied: the reports as they stand now. The first
+        count's set stands when this one gives the same, or none."""
+        found = self.count()
+        if found is None:
+            return None if self.decided is None or self.decided.fps is None else \
+                (self.decided.fps, self.decided.witnesses)
+        if self.decided is not None and self.decided.fps == found[0]:
+            return self.decided.fps, self.decided.witnesses
+        return found
+
+    def _next_wake(self, now: float) -> float | None:
+        if self.phase == "collect":
+            deadline = self.deadline()
+            times = [self.start + self.params.max_wait_s, self.finish_by]
+            if deadline is not None and self.awaited is None:
+                times.append(deadline)
+            return max(now, min(times))
+        if self.phase == "deciding":
+            grace_end = self.reported_at + max(self.params.commit_grace_s, self.window) + POLL_S
+            times = [self.reported_at + self.params.max_wait_s]
+            times.append(grace_end if now < grace_end else max(now, min(self.asked_at + self.window,
+                                                                      grace_end + self.window)))
+            return min(t for t in times if t >= now) if any(t >= now for t in times) else now + POLL_S
+        return None

@@ -1,0 +1,138 @@
+"""The round's rules as a pure state machine (protocol/round.py): events in, actions out, time explicit."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gradnode.protocol import round as rc
+from gradnode.protocol.records import pack
+
+P = rc.Params(min_deadline_s=2.0, deadline_slack=1.5, commit_grace_s=3.0, max_wait_s=60.0)
+PEERS = ["a", "b", "c", "d", "e"]
+
+
+def core(me: str = "a", eligible: tuple[str, ...] = tuple(PEERS), sender: bool = True) -> rc.RoundCore:
+    c = rc.RoundCore(P, 7, me, frozenset(eligible), sender, "seed", 2.0, 0.0)
+    others = frozenset(p for p in PEERS if p != me)
+    c.step(rc.Members(0.0, rc.View(trainers=others, counted=others, present=others, live=frozenset(PEERS))))
+    return c
+
+
+def report(w: str, senders: list[str], seed: str = "seed") -> rc.Report:
+    fps = pack((s, f"d{s}") for s in senders)
+    return rc.Report(w, seed, fps, digest=fps)
+
+
+def kinds(actions: list) -> list[str]:
+    return [type(a).__name__ for a in actions]
+
+
+def test_collect_ends_when_everyone_is_verified_and_the_report_lists_what_was() -> None:
+    c = core()
+    c.own_update(0.0, "da")
+    for s in PEERS[1:4]:
+        c.step(rc.Announced(0.1, s, 0.1))
+        c.step(rc.Verified(0.2, s, f"d{s}"))
+    assert c.phase == "collect"  # e has not sent yet: the deadline is not reached
+    out = c.step(rc.Verified(0.3, "e", "de"))
+    assert c.phase == "deciding" and c.collect_why == "everyone"
+    assert [a for a in out if isinstance(a, rc.PublishReport)][0].pairs == tuple((s, f"d{s}") for s in PEERS)
+
+
+def test_the_deadline_falls_a_window_after_half_the_live_trainers_announced() -> None:
+    c = core()
+    c.own_update(0.0, "da")
+    c.step(rc.Announced(0.5, "b", 0.5))
+    assert c.deadline() is None
+    c.step(rc.Announced(1.0, "c", 1.0))  # 3 of 5: the anchor is the third first sighting
+    assert c.deadline() == 1.0 + 2.0
+    out = c.step(rc.Tick(2.9))
+    assert c.phase == "collect" and kinds(out)[-1] == "Wake" and out[-1].at == 3.0
+    c.step(rc.Tick(3.0))  # b and c were never verified: the awaited fetches have ended (none started)
+    assert c.phase == "deciding" and c.collect_why == "deadline"
+
+
+def test_the_set_is_what_a_strict_majority_of_the_reports_lists() -> None:
+    c = core()
+    c.own_update(0.0, "da")
+    for s in PEERS[1:]:
+        c.step(rc.Verified(0.1, s, f"d{s}"))
+    # a censoring witness leaves d out, another lists only its own: d stays in (4 of 5 list it), e too
+    c.step(rc.ReportSeen(0.2, report("b", ["a", "b", "c", "d", "e"])))
+    c.step(rc.ReportSeen(0.2, report("c", ["a", "b", "c", "d", "e"])))
+    c.step(rc.ReportSeen(0.2, report("d", ["a", "b", "c", "d", "e"])))
+    out = c.step(rc.ReportSeen(0.3, report("e", ["e"])))
+    decided = [a for a in out if isinstance(a, rc.Decided)]
+    assert decided and decided[0].how == "all reported" and decided[0].witnesses == 5
+    assert decided[0].fps == pack((s, f"d{s}") for s in PEERS)
+
+
+def test_a_missing_witness_is_waited_for_up_to_the_grace_then_asked() -> None:
+    c = core()
+    c.own_update(0.0, "da")
+    for s in PEERS[1:]:
+        c.step(rc.Verified(0.1, s, f"d{s}"))
+    for w in "bcd":
+        c.step(rc.ReportSeen(0.2, report(w, PEERS)))
+    grace_end = c.reported_at + max(P.commit_grace_s, 2.0) + rc.POLL_S
+    assert c.phase == "deciding"
+    assert not any(isinstance(a, rc.Decided) for a in c.step(rc.Tick(grace_end - 0.01)))
+    out = c.step(rc.Tick(grace_end))
+    assert [a.how for a in out if isinstance(a, rc.Decided)] == ["grace"]
+
+
+def test_a_second_different_report_is_equivocation_and_the_witness_is_dropped() -> None:
+    c = core()
+    c.step(rc.ReportSeen(0.1, report("b", PEERS)))
+    out = c.step(rc.ReportSeen(0.2, report("b", ["b"])))
+    assert kinds(out)[0] == "Equivocated" and "b" in c.banned and "b" not in c.reports
+    c.step(rc.ReportSeen(0.3, report("b", PEERS)))  # never counted again
+    assert "b" not in c.reports
+
+
+def test_reports_on_another_chain_never_count() -> None:
+    c = core()
+    c.step(rc.ReportSeen(0.1, report("b", PEERS, seed="other")))
+    assert c.reports == {}
+
+
+def test_settle_counts_a_report_that_came_after_the_first_count() -> None:
+    c = core()
+    c.own_update(0.0, "da")
+    for s in PEERS[1:]:
+        c.step(rc.Verified(0.1, s, f"d{s}"))
+    c.step(rc.ReportSeen(0.2, report("b", ["a", "b", "c"])))
+    c.step(rc.ReportSeen(0.2, report("c", ["a", "b", "c", "d"])))
+    grace_end = c.reported_at + 3.0 + rc.POLL_S
+    c.step(rc.Tick(grace_end))  # a, b, c counted: d is listed by 2 of 3 -> in; e by 1 -> out
+    assert c.decided is not None and c.decided.witnesses == 3
+    first = c.decided.fps
+    c.step(rc.ReportSeen(grace_end + 1, report("d", ["a", "b", "c"])))
+    c.step(rc.ReportSeen(grace_end + 1, report("e", ["a", "b", "c"])))
+    fps, n = c.settle()
+    assert n == 5 and fps != first and fps == pack((s, f"d{s}") for s in "abc")
+
+
+@settings(max_examples=200, deadline=None)
+@given(order=st.permutations(list(range(7))), seed=st.integers(0, 3))
+def test_the_same_events_give_the_same_actions(order: list[int], seed: int) -> None:
+    """Determinism: one event sequence, run twice on fresh cores, gives identical actions; and once this
+    peer verified every update (its own report is fixed), the set it settles on does not depend on the
+    order in which the same reports and announcements arrived."""
+    verified: list = [rc.Verified(0.1, s, f"d{s}") for s in PEERS[1:]]
+    rest: list = [rc.ReportSeen(0.2, report(w, PEERS[: 2 + (i + seed) % 4])) for i, w in enumerate(PEERS[1:])]
+    rest += [rc.Announced(0.05, s, 0.05) for s in PEERS[1:4]]
+
+    def play(evs: list) -> tuple[list, tuple | None]:
+        c = core()
+        out = c.own_update(0.0, "da")
+        for e in evs:
+            out += c.step(e)
+        out += c.step(rc.Tick(100.0))
+        return out, c.settle()
+
+    shuffled = verified + [rest[i] for i in order]
+    first, settled = play(shuffled)
+    assert play(shuffled) == (first, settled)
+    assert settled == play(verified + rest)[1]

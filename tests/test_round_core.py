@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from gradnode.protocol import round as rc
-from gradnode.protocol.records import pack
+from gradnode.protocol.records import pack, unpack
 
 P = rc.Params(min_deadline_s=2.0, deadline_slack=1.5, commit_grace_s=3.0, max_wait_s=60.0)
 PEERS = ["a", "b", "c", "d", "e"]
@@ -136,3 +137,67 @@ def test_the_same_events_give_the_same_actions(order: list[int], seed: int) -> N
     first, settled = play(shuffled)
     assert play(shuffled) == (first, settled)
     assert settled == play(verified + rest)[1]
+
+
+class CoreMachine(RuleBasedStateMachine):
+    """Any schedule of announcements, fetches, reports (some on another chain, some rewritten) and ticks: the
+    core keeps its invariants after every step, and hypothesis shrinks a failing schedule to a minimal one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = core()
+        self.now = 0.0
+        self.actions = list(self.c.own_update(0.0, "da"))
+        self.decisions = 0
+
+    def _step(self, event) -> None:
+        out = self.c.step(event)
+        self.actions += out
+        self.decisions += sum(isinstance(a, rc.Decided) for a in out)
+        for a in out:
+            if isinstance(a, rc.Wake):
+                assert a.at >= self.now  # a wake-up is never in the past
+            if isinstance(a, rc.Decided) and a.fps is not None:
+                counted = self.c._counted()
+                assert len(counted) == a.witnesses
+                for fp in unpack(a.fps):  # in the set: listed by a strict majority of the reports counted
+                    assert 2 * sum(fp in unpack(r.fps) for r in counted) > len(counted)
+
+    @rule(sender=st.sampled_from(PEERS[1:]), dt=st.floats(0, 2))
+    def announce(self, sender: str, dt: float) -> None:
+        self.now += dt
+        self._step(rc.Announced(self.now, sender, self.now))
+
+    @rule(sender=st.sampled_from(PEERS[1:]), ok=st.booleans())
+    def fetch(self, sender: str, ok: bool) -> None:
+        self._step(rc.FetchStarted(self.now, sender))
+        self._step(rc.Verified(self.now, sender, f"d{sender}") if ok else rc.FetchEnded(self.now, sender))
+
+    @rule(w=st.sampled_from(PEERS[1:]), listed=st.sets(st.sampled_from(PEERS)), chain=st.sampled_from(["seed", "x"]))
+    def report(self, w: str, listed: set[str], chain: str) -> None:
+        self._step(rc.ReportSeen(self.now, report(w, sorted(listed), seed=chain)))
+
+    @rule(dt=st.floats(0, 30))
+    def tick(self, dt: float) -> None:
+        self.now += dt
+        self._step(rc.Tick(self.now))
+
+    @invariant()
+    def decided_once_and_by_majority(self) -> None:
+        assert self.decisions <= 1
+        if self.c.decided is not None and self.c.decided.fps:
+            assert self.c.phase == "decided"
+        settled = self.c.settle()
+        if settled is None:
+            return
+        fps, n = settled
+        counted = [r for r in self.c.reports.values() if not r.abstain and r.witness in self.c.eligible]
+        # every update in the set is listed by a strict majority of the reports it was counted from, and no
+        # banned witness or report of another chain is among them
+        assert all(r.seed == "seed" and r.witness not in self.c.banned for r in counted)
+        for fp in unpack(fps):
+            assert sum(fp in unpack(r.fps) for r in counted) * 2 > len(counted) or n != len(counted)
+
+
+TestCoreMachine = CoreMachine.TestCase
+TestCoreMachine.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)

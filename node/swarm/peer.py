@@ -236,7 +236,16 @@ class Peer:
 
     def train(self) -> PeerSummary:
         done = threading.Event()  # the heartbeat runs from the start: a peer waiting for others stays visible
-        threading.Thread(target=self._heartbeat, args=(True, done), name="heartbeat", daemon=True).start()
+        beat = threading.Thread(target=self._heartbeat, args=(True, done), name="heartbeat", daemon=True)
+        beat.start()
+        try:  # the record stays fresh until the run is wrapped up: a re-sync there must show, and we still serve
+            return self._wrap_up(self._rounds())
+        finally:
+            done.set()
+            beat.join(timeout=30.0)  # a 'training' record written after close()'s 'leaving' one would undo it
+
+    def _rounds(self) -> float:
+        """The training loop; returns its wall time."""
         self._prepare()
         target = self.sw.rounds or math.inf
         pending: RoundExchange | None = None  # round r's exchange, running while round r+1 computes
@@ -258,11 +267,7 @@ class Peer:
                 self._finish(pending)
                 pending = None
             self._hand_off_chores()
-        wall = self._drain(pending, t_start)
-        try:  # the record stays fresh while the run is wrapped up: a re-sync there must show, and we still serve
-            return self._wrap_up(wall)
-        finally:
-            done.set()
+        return self._drain(pending, t_start)
 
     def _prepare(self) -> None:
         """Resume our own checkpoint or start fresh, wait for the swarm, get level with it."""

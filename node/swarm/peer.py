@@ -571,7 +571,7 @@ class Peer:
         me = self.identity.peer_id
         others = {p for p, m in self.membership.fresh(max_age=0).items() if m.training} | set(self.history.senders)
         others.discard(me)
-        end, reports = time.monotonic() + min(10.0, self.sw.max_wait_s), []
+        end, reports = time.monotonic() + min(30.0, self.sw.max_wait_s), []  # ends once most reported
         while time.monotonic() < end and not self.stop.is_set():
             reports = self.membership.reports(last)
             if len({w.peer for w in reports} & others) > len(others) // 2:

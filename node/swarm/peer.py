@@ -566,10 +566,12 @@ class Peer:
         mine = self.history.hashes.get(last)
         if not self.sw.hash_check or mine is None or self.stop.is_set():
             return False
-        # who to hear from: the live trainers, and the makers of the last round (they may have finished and
-        # left already: their reports stay in the DHT)
-        me = self.identity.peer_id
-        others = {p for p, m in self.membership.fresh(max_age=0).items() if m.training} | set(self.history.senders)
+        # who to hear from: the live trainers whose reports count (recent contributors: a flood of 'training'
+        # records of keys that never contributed held this wait to its end), and the makers of the last round
+        # (they may have finished and left already: their reports stay in the DHT)
+        me, votes = self.identity.peer_id, self.membership.votes()
+        others = {p for p, m in self.membership.fresh(max_age=0).items() if m.training and votes(p)} | \
+            set(self.history.senders)
         others.discard(me)
         end, reports = time.monotonic() + min(30.0, self.sw.max_wait_s), []  # ends once most reported
         while time.monotonic() < end and not self.stop.is_set():
@@ -672,16 +674,21 @@ class Peer:
 
     def _linger(self) -> None:
         """Keep serving after the last round until every other live trainer holds our newest state too
-        (bounded): one still behind downloads it, and one that ended the run on another hash (a report that
-        reached it too late, a drift only the last round's check sees) re-syncs from us. Leaving at once
-        left it alone on its hash: its re-sync found no state offer (seen in CI: 2 of 5 peers)."""
-        end = time.monotonic() + min(self.sw.max_wait_s, LINGER_S)
-        me, waiting = self.identity.peer_id, []
-        while time.monotonic() < end and not self.stop.is_set():
-            votes = self.membership.votes()  # any trainer behind is waited for; a fork only by a contributor's chain
+        (bounded): one still behind downloads it (waited for up to 30 s, as before: any 'training' record
+        counts here, a bulk key's too), and a contributor that ended the run on another hash (a report that
+        reached it too late, a drift only the last round's check sees) re-syncs from us (up to 60 s). Leaving
+        at once left it alone on its hash: its re-sync found no state offer (seen in CI: 2 of 5 peers)."""
+        t0, me, waiting = time.monotonic(), self.identity.peer_id, []
+        behind_until, forked_until = t0 + min(self.sw.max_wait_s, 30.0), t0 + min(self.sw.max_wait_s, LINGER_S)
+        while not self.stop.is_set():
+            now = time.monotonic()
+            if now >= forked_until:
+                break
+            votes = self.membership.votes()
             others = {p: m for p, m in self.membership.fresh(max_age=0).items() if m.training and p != me}
+            rounds = {p: m.round for p, m in others.items()} if now < behind_until else {}
             waiting = chain.unsettled(self.history.tail(), {p: m.chain for p, m in others.items() if votes(p)},
-                                      self.engine.round, {p: m.round for p, m in others.items()})
+                                      self.engine.round, rounds)
             if not waiting:
                 return
             time.sleep(0.5)

@@ -871,15 +871,13 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=4096, 
 def _simulate_virtual(peers: int, rounds: int, seed: int, config: Optional[Path], overrides: list[str],
                       faults_spec: Optional[str], late: float, as_json: bool) -> None:
     from gradnode.node.sim import virtual
-    from gradnode.protocol.round import Params
+    from gradnode.node.swarm.clock import params
 
     if faults_spec:
         typer.echo("error: --faults: not modelled by --virtual yet (the process simulator runs them)", err=True)
         raise typer.Exit(2)
     sw = _load(config, overrides).swarm
-    params = Params(min_deadline_s=sw.min_deadline_s, deadline_slack=sw.deadline_slack,
-                    commit_grace_s=sw.commit_grace_s, max_wait_s=sw.max_wait_s)
-    out = virtual.run(virtual.Scenario(peers=peers, rounds=rounds, seed=seed, late_p=late, params=params))
+    out = virtual.run(virtual.Scenario(peers=peers, rounds=rounds, seed=seed, late_p=late, params=params(sw)))
     if as_json:
         typer.echo(json.dumps(out))
     else:

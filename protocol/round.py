@@ -337,8 +337,12 @@ class RoundCore:
         self.phase = "decided"
         return [self.decided]
 
+    def _grace_end(self) -> float:
+        """How long the missing eligible witnesses are waited for, from this peer's report on."""
+        return self.reported_at + max(self.params.commit_grace_s, self.window) + POLL_S
+
     def _decide(self, now: float) -> list[Action]:
-        grace_end = self.reported_at + max(self.params.commit_grace_s, self.window) + POLL_S
+        grace_end = self._grace_end()
         hard_stop = self.reported_at + self.params.max_wait_s
         counted = self._counted()
         waiting = set(self.eligible) - set(self.reports) - self._absent() - {self.me}
@@ -389,7 +393,7 @@ class RoundCore:
                 times.append(deadline)
             return max(now, min(times))
         if self.phase == "deciding":
-            grace_end = self.reported_at + max(self.params.commit_grace_s, self.window) + POLL_S
+            grace_end = self._grace_end()
             times = [self.reported_at + self.params.max_wait_s]
             times.append(grace_end if now < grace_end else max(now, min(self.asked_at + self.window,
                                                                       grace_end + self.window)))

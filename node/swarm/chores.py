@@ -124,7 +124,8 @@ class Chores:
             with self.phases.time("checkpoint"):
                 self.save(snap)
         mismatch = None
-        if report is not None and before is not None and off_majority(before, report.previous_hash, chains, report.round - 1):
+        if report is not None and before is not None and \
+                off_majority(before, report.previous_hash, chains, report.round - 1):
             mismatch = report.round - 1
         return Findings(mismatch, chains)
 

@@ -58,11 +58,6 @@ def adversaries(run_swarm, kinds: list[str], rounds: int, honest: int = 3, **kw)
     return summary, peers
 
 
-def one_adversary(run_swarm, fault: str, rounds: int, **kw) -> tuple[dict, list[dict]]:
-    """4 peers, peer 3 the adversary ``fault``."""
-    return adversaries(run_swarm, [fault], rounds, **kw)
-
-
 def test_updates_the_rules_reject_get_no_weight(run_swarm, metrics_of) -> None:
     """Four attackers whose updates the rules refuse, in one swarm with three honest peers:
     - tokens (peer 3) declares 2^62 tokens, more than a round allows: 'inflated_tokens';
@@ -163,102 +158,34 @@ def test_lying_witnesses_keep_out_no_honest_update_and_an_equivocator_is_caught(
     assert summary["val_loss_last"] < summary["val_loss_first"]
 
 
-def test_a_flood_of_member_records_holds_no_deadline_off(run_swarm, metrics_of) -> None:
-    """flood: peer 3 trains honestly and runs 8 more identities of its own making (real DHT nodes, valid
-    keys) that publish 'training' member records 1000 rounds ahead every heartbeat and never an update,
-    plus an oversized members value. Counting every record, 12 'live' trainers need 6 announcements for a
-    deadline that 4 real peers never give: measured before Membership.counted, every round of every
-    honest peer ran to swarm.max_wait_s (20 s here): 15.6-22.2 s. Counting only the last round's senders
-    and this round's announcers, round 0 (nobody has sent yet: every record counts) still waits, 25 s;
-    rounds 1-4 took 2.4-2.8 s (they run to their deadline while trainers that are not counted are in
-    sight, as for a newcomer), every honest update in, one hash. Those waits depend on the machine's load:
-    `gradnode simulate -n 4 --faults flood:3 --json` prints them (comm_wait_s_per_round per peer); asserted
-    here is what holds whatever the load: one hash, the honest peers' own updates in at least half their
-    peer-rounds, learning."""
-    summary = run_swarm(peers=4, rounds=5, faults="flood:3", extra=["swarm.max_wait_s=20"])
-    peers = summary["peers"]
-    assert [p["role"] for p in peers] == ["honest"] * 3 + ["flood"]
-    assert summary["live_peers"] == 3 and summary["identical_hashes"], explain(summary)
-    progress, own = honest_in_half(summary, metrics_of, range(3))
-    assert progress, own
-    assert summary["val_loss_last"] < summary["val_loss_first"]
-
-
-def test_a_replayed_leaving_record_never_makes_a_returned_peer_gone(run_swarm, metrics_of) -> None:
-    """replayleave: peer 1 stops (SIGTERM: it publishes a signed 'leaving' record) and comes back; peer 3
-    keeps that record and stores it again every heartbeat under a key of its own making. A record stored
-    under another key than its author's is refused, so once peer 1 is back no honest peer takes it for
-    gone (each metrics row lists the peers its author takes for leaving), its updates count, one hash.
-    Without the owner check the replay is read as peer 1's departure for the record's lifetime (60 s)."""
-    summary = run_swarm(peers=4, rounds=20, faults="replayleave:3,stop:1@r2,restart:1@r3", timeout_s=450,
-                        extra=["inner.steps=10", "swarm.slowdown=30"])  # rounds of ~1-2 s: peer 1 is back by ~r10
-    peers = summary["peers"]
-    assert [p["role"] for p in peers] == ["honest"] * 3 + ["replayleave"]
-    assert summary["live_peers"] == 3 and summary["identical_hashes"], explain(summary)
-    from gradnode.node.swarm.identity import load_or_create
-
-    folder = summary_dir(summary)
-    returned = load_or_create(folder / "peer-1" / "identity.key").peer_id
-    back = metrics_of(summary, 1)[-1]["joined_round"]  # the first round of its second life
-    assert peers[1]["restarts"] == 1 and back >= 3
-    for i in (0, 2):
-        later = [row for row in metrics_of(summary, i) if row["round"] > back + 1]
-        assert all(returned not in row["leaving"] for row in later), [row["leaving"] for row in later]
-        assert "stored by another peer" in (folder / f"peer-{i}.log").read_text()  # the replay was tried
-    # the rounds it arrives late for are decided without it (it catches up by replay); then its updates
-    # count before the run ends (measured: from 1 to 4 of the run's last 4 rounds, by how late it came back)
-    own = [row["own_included"] for row in metrics_of(summary, 1) if row["round"] > back]
-    assert any(x is True for x in own), own
-    assert summary["val_loss_last"] < summary["val_loss_first"]
-
-
-def test_votes_of_keys_that_never_contributed_move_nobody(run_swarm, metrics_of) -> None:
-    """sybilvotes: peer 3 trains honestly and runs 8 more keys of its own making that never send an update
-    but report a weight hash nobody holds for every round and publish member records following a chain of
-    those hashes: more votes than the honest peers, one per key. Votes count one per recent contributor
-    (a peer whose update the decided chain applied in the last 64 rounds), so the honest peers neither
-    find their hash off the majority nor their chain outvoted: no re-sync, no wait for a state nobody
-    offers, one hash, every honest update in. Counted per vote, they move every honest peer every round
-    (a re-sync towards a hash nobody holds). A busy machine can split a round honestly now and then (a
-    re-sync repairs it), so the bound is a re-sync in 4 rounds per honest peer, not the attack's one a round."""
+def test_floods_of_member_records_and_sybil_votes_move_no_honest_peer(run_swarm, metrics_of) -> None:
+    """Two attackers with keys of their own making, in one swarm with three honest peers (each runs 8 extra
+    identities as real DHT nodes: two such attackers are the most two cores carry beside a swarm).
+    flood (peer 3): trains honestly and runs 8 more identities (valid keys) that publish 'training' member
+    records 1000 rounds ahead every heartbeat and never an update, plus an oversized members value. Counting
+    every record, the 'live' trainers need announcements for a deadline that the real peers never give:
+    measured before Membership.counted, every round of every honest peer ran to swarm.max_wait_s (20 s
+    here): 15.6-22.2 s. Counting only the last round's senders and this round's announcers, round 0 (nobody
+    has sent yet: every record counts) still waits, 25 s; rounds 1-4 took 2.4-2.8 s, every honest update in.
+    sybilvotes (peer 4): trains honestly and runs 8 more keys that never send an update but report a weight
+    hash nobody holds for every round and publish member records following a chain of those hashes: more
+    votes than the honest peers, one per key. Votes count one per recent contributor (a peer whose update
+    the decided chain applied in the last 64 rounds), so the honest peers neither find their hash off the
+    majority nor their chain outvoted: no re-sync, no wait for a state nobody offers. Counted per vote,
+    they moved every honest peer every round (a re-sync towards a hash nobody holds).
+    The waits depend on the machine's load (`gradnode simulate -n 4 --faults flood:3 --json` prints them,
+    comm_wait_s_per_round per peer); asserted is what holds whatever the load: one hash; an honest peer
+    moved off its hash in at most a quarter of the rounds (a busy machine can split a round honestly now
+    and then, and a re-sync repairs it: the sybils alone would move it every round); the honest peers' own
+    updates in at least half their peer-rounds; learning."""
     rounds = 8
-    summary, peers = one_adversary(run_swarm, "sybilvotes", rounds, extra=["swarm.max_wait_s=20"])
+    summary, peers = adversaries(run_swarm, ["flood", "sybilvotes"], rounds, extra=["swarm.max_wait_s=20"])
     for i, p in enumerate(peers[:3]):
         log = (summary_dir(summary) / f"peer-{i}.log").read_text()
         moved = log.count("differs from the majority") + log.count("adopting theirs")
         assert moved <= rounds // 4 and p["resyncs"] <= rounds // 4, (f"peer-{i} was moved", moved, p["resyncs"])
     progress, own = honest_in_half(summary, metrics_of, range(3))
     assert progress, own
-    assert summary["val_loss_last"] < summary["val_loss_first"]
-
-
-PACED = ["inner.steps=10", "swarm.slowdown=30", "swarm.state_chunk_bytes=65536"]
-
-
-def test_joiners_refuse_a_state_claimed_far_ahead_and_poisoned_momentum(run_swarm, metrics_of) -> None:
-    """futurestate and badmomentum, with two peers joining at round 2 (state sync). Peer 1 offers its state
-    claimed for a round 10^6 ahead under the hash of that claim (it matches itself) and publishes a chain
-    listing it: the newest round used to win. Peer 2 offers honest weights with its outer momentum scaled
-    by -1000 under the honest hash. Both train honestly otherwise. Each joiner ignores peer 1's offer (no
-    offer may claim a round more than 10 past another member's, and its chain is followed by
-    nobody) and, where it meets peer 2's offer first, finds that the state does not hash to what it
-    advertised (the hash covers the outer state) and takes another donor's: every peer ends on one hash,
-    momentum included, and the joiners contribute. The ceiling failing alone is shown on real transports
-    in test_elastic.py::test_a_state_claimed_far_ahead_is_refused."""
-    rounds = 18
-    summary = run_swarm(peers=5, rounds=rounds, faults="futurestate:1,badmomentum:2,join:3@r2,join:4@r2",
-                        extra=PACED, timeout_s=450)
-    peers = summary["peers"]
-    assert [p["role"] for p in peers] == ["honest", "futurestate", "badmomentum", "honest", "honest"]
-    assert summary["live_peers"] == 3 and summary["identical_hashes"], explain(summary)
-    assert len({p["param_hash"] for p in peers}) == 1, explain(summary)  # the attackers apply the honest rounds
-    run = summary_dir(summary)
-    for i in (3, 4):
-        joiner = peers[i]
-        assert joiner["state_downloads"] >= 1 and 2 <= joiner["joined_round"] < rounds, explain(summary)
-        assert joiner["first_contribution"] is not None, explain(summary)
-        log = (run / f"peer-{i}.log").read_text()
-        assert f"{peers[1]['peer'][:12]}@" in log, f"peer-{i} never saw the far offer"  # and ignored it
     assert summary["val_loss_last"] < summary["val_loss_first"]
 
 

@@ -29,19 +29,12 @@ def rounds_to_agree(summary: dict, after: int) -> int | None:
     return None
 
 
-# The transport cut is a known failure of the node, not of the test (issue 22): beside a busy core, with the
-# swarm tests before it, a run ended split 2|2 (flake-hunt, this session: 1 run of 1; the whole suite beside a
-# busy core passed it, and so did a plain clean-clone CI). Both pairs adopted the other's chain within
-# seconds of each other after the heal (a fork sync one way, a hash-mismatch re-sync the other), then the
-# first pair waited out rounds nobody decided and a re-sync that found no offer, and the pairs never met
-# again. Marked non-strict so that CI shows it without failing; the fix belongs in the round core (issue 23),
-# where which side adopts whose chain is one decision, tested over seeds.
-SPLIT_MAY_NOT_HEAL = pytest.mark.xfail(reason="a healed split can end 2|2 when both sides adopt the other's "
-                                       "chain at once (issue 22, for the round core of issue 23)", strict=False)
-
-
-@pytest.mark.parametrize("cut", ["netns", pytest.param("transport", marks=SPLIT_MAY_NOT_HEAL)])
-def test_a_split_swarm_merges_onto_one_hash_after_the_heal(run_swarm, cut: str) -> None:
+# Only the cut by network namespaces runs here. The same split cut inside the transport (link=bucket, where
+# netns is unavailable) can end 2|2 beside a busy core: both pairs adopted the other's chain within seconds of
+# each other after the heal. That is a known bug of the node (node/SWARM.md, "Not done yet", with the command
+# that shows it), for the round core of issue 23, where which side adopts whose chain is one decision tested
+# over seeds; as a non-strict xfail here it cost 100 s of every run and asserted nothing.
+def test_a_split_swarm_merges_onto_one_hash_after_the_heal(run_swarm) -> None:
     """4 peers split 2|2 at round 3 (the bootstrap with the first group) and train on as two swarms; the
     network heals at round 12. The peers dial the ones they lost from their address books, see two chains,
     and the one followed by fewer peers (a tie here: the group without the lowest peer id) adopts the
@@ -56,11 +49,11 @@ def test_a_split_swarm_merges_onto_one_hash_after_the_heal(run_swarm, cut: str) 
     under a full suite's load): asserted is that the split was real, that the peers merged before the run
     ended and stayed merged, and that the losing pair adopted the winning chain; the bound in rounds
     belongs to the deterministic simulator, where a round is not a wall-clock figure."""
-    if cut == "netns" and not netns.available()[0]:
+    if not netns.available()[0]:
         pytest.skip(f"network namespaces unavailable: {netns.available()[1]}")
     summary = run_swarm(peers=4, rounds=40, faults="partition:0,1|2,3@r3,heal@r12", extra=PACED,
-                        timeout_s=500, link="auto" if cut == "netns" else "bucket")
-    assert summary["partition"] == cut
+                        timeout_s=500, link="auto")
+    assert summary["partition"] == "netns"
     peers = summary["peers"]
     assert summary["live_peers"] == 4 and summary["identical_hashes"], explain(summary)
     # the split was real: in some round of it the two groups held two different states

@@ -9,29 +9,43 @@ from conftest import explain
 pytestmark = pytest.mark.swarm
 
 
-def test_honest_peers_agree_and_bad_updates_are_rejected(run_swarm, metrics_of) -> None:
-    # peers 0-2 honest; peer 3 corrupts its update bytes (after signing), peer 4 signs with a key that is not its own
-    summary = run_swarm(peers=5, rounds=4, peer_overrides={3: ["swarm.fault=corrupt"], 4: ["swarm.fault=forge"]})
-    honest = [p for p in summary["peers"] if p.get("index") in (0, 1, 2)]
-    assert len(honest) == 3, summary
-    assert all(p["rounds"] == 4 for p in honest)
-    # one hash among the honest peers (the faulty ones run honest code otherwise: the simulator calls every
-    # peer configured with swarm.fault honest, so the summary's own check counts them too)
-    assert len({p["param_hash"] for p in honest}) == 1, explain(summary)
+def test_honest_peers_agree_bad_updates_are_rejected_and_diverged_peers_resync(run_swarm, metrics_of) -> None:
+    """Six peers, one swarm: peers 0 and 1 honest; peer 2 nudges its own weights once after round 1, so the
+    chores thread's hash check finds it off the majority and it re-syncs at a round boundary; peer 3 nudges
+    its weights after the run's last round, which only the last round's check sees, after the others
+    finished (so they keep serving their state until every live trainer holds their chain: Peer._linger);
+    peer 4 corrupts its update bytes (after signing) and peer 5 signs with a key that is not its own, from
+    round 1 on (round 0's updates are genuine). All end on one hash, the bad updates are named for their
+    reason and never applied."""
+    def drift(round_: int) -> list[str]:
+        return ["swarm.fault=drift", f"swarm.fault_round={round_}"]
+
+    summary = run_swarm(peers=6, rounds=6, peer_overrides={2: drift(1), 3: drift(5), 4: ["swarm.fault=corrupt"],
+                                                           5: ["swarm.fault=forge"]})
+    peers = summary["peers"]
+    honest, other, drifted, late = peers[:4]
+    # the simulator calls every peer configured with swarm.fault honest: the summary's own check counts all six
+    assert summary["live_peers"] == 6 and summary["identical_hashes"], explain(summary)
+    assert all(p["rounds"] == 6 for p in peers), explain(summary)
     assert summary["val_loss_last"] < summary["val_loss_first"]
-    # the faulty peers are named by the honest peers, for that reason only: flipped bytes fail the signature,
+    # the diverged peers: repaired by the hash-mismatch re-sync, or (a drifted peer that fell a round behind
+    # on a loaded machine) by the newer state it takes to catch up: either way by adopting the majority's
+    # state, never by the honest peers moving (an honest peer may re-sync once for a split a busy machine
+    # made on its own; never onto the drift)
+    assert drifted["hashes"]["1"] != honest["hashes"]["1"]
+    assert drifted["resyncs"] + drifted["state_downloads"] >= 1 and honest["resyncs"] <= 1, explain(summary)
+    assert late["resyncs"] >= 1, explain(summary)
+    # the faulty peers are named by the others, for that reason only: flipped bytes fail the signature,
     # which is checked before anything is decoded (rules.py)
-    corrupt = summary["peers"][3]["peer"]
-    forger = summary["peers"][4]["peer"]
+    corrupt, forger = peers[4]["peer"], peers[5]["peer"]
     for bad in (corrupt, forger):
-        seen = [p["rejected_by_sender"].get(bad, {}) for p in honest]
+        seen = [p["rejected_by_sender"].get(bad, {}) for p in peers[:4]]
         assert all(set(by) <= {"forged"} for by in seen) and sum(by.get("forged", 0) for by in seen) >= 1, seen
     rows = metrics_of(summary, 0)
-    # from round 1 on (swarm.fault_round's default; round 0's updates are genuine): never applied
     assert all(corrupt not in row["senders"] and forger not in row["senders"] for row in rows[1:])
-    # the other honest updates made most rounds (every round on an idle machine; counted together, see
+    # the other updates made most rounds (every round on an idle machine; counted together, see
     # test_adversaries.honest_in_half)
-    others = {p["peer"] for p in honest[1:]}
+    others = {p["peer"] for p in peers[1:4]}
     assert 2 * sum(len(others & set(row["senders"])) for row in rows) >= len(others) * len(rows), rows
 
 
@@ -62,25 +76,6 @@ def test_bench_swarm_counts_a_split_that_a_resync_repaired() -> None:
     peers = [{"hashes": {"0": "a0", "1": "a1", "2": "a2"}}, {"hashes": {"0": "a0", "1": "b1", "2": "a2"}},
              {"hashes": {"2": "a2"}}]  # the second peer split at round 1 and re-synced; the third joined at 2
     assert split_rounds(peers) == [1] and split_rounds(peers[::2]) == []
-
-
-def test_a_diverged_peer_is_noticed_and_resynced(run_swarm) -> None:
-    # peer 2 nudges its own weights once after round 1: the chores thread's hash check finds it off the
-    # majority and it re-syncs at the next round boundary. Peer 3 nudges its weights after the run's last
-    # round: only the last round's check sees that, after the others finished, so they must keep serving
-    # their state until every live trainer holds their chain (Peer._linger). All end on one hash.
-    summary = run_swarm(peers=4, rounds=6, peer_overrides={2: ["swarm.fault=drift", "swarm.fault_round=1"],
-                                                           3: ["swarm.fault=drift", "swarm.fault_round=5"]})
-    honest, _, drifted, late = summary["peers"]
-    assert drifted["hashes"]["1"] != honest["hashes"]["1"]
-    # repaired by the hash-mismatch re-sync, or (a drifted peer that fell a round behind on a loaded machine)
-    # by the newer state it takes to catch up: either way by adopting the majority's state, never by the
-    # honest peers moving
-    # (an honest peer may re-sync once for a split a busy machine made on its own; never onto the drift)
-    assert drifted["resyncs"] + drifted["state_downloads"] >= 1 and honest["resyncs"] <= 1, explain(summary)
-    assert late["resyncs"] >= 1, explain(summary)
-    assert summary["identical_hashes"] and drifted["param_hash"] == late["param_hash"] == honest["param_hash"], \
-        explain(summary)
 
 
 def test_a_failed_chores_job_is_logged_not_taken_for_a_hash_mismatch(tmp_path) -> None:

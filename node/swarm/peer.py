@@ -158,7 +158,8 @@ class Peer:
 
     def _connect(self) -> None:
         """Start the transport through the initial peers and the address book; while none answers, say so
-        and try again for swarm.connect_timeout_s (a bootstrap being restarted comes back)."""
+        and try again for swarm.connect_timeout_s (a bootstrap being restarted comes back). A taken port or a
+        refused address fails at once: waiting does not change it."""
         extra = [m for peer, maddrs in self.book.newest(8) for m in with_peer_id(peer, maddrs)]
         end = time.monotonic() + self.sw.connect_timeout_s
         while True:
@@ -166,7 +167,7 @@ class Peer:
                 self.transport.start(extra_peers=extra)
                 return
             except TransportError as err:
-                if self.stop.is_set() or time.monotonic() + 2.0 > end:
+                if not err.unanswered or self.stop.is_set() or time.monotonic() + 2.0 > end:
                     raise
                 log.warning("waiting for peers of run %s: 0 found via %s (%s); trying again for %.0f s",
                             self.cfg.run.run_id, self._via(), str(err).split(":")[0], end - time.monotonic())
@@ -566,12 +567,14 @@ class Peer:
         mine = self.history.hashes.get(last)
         if not self.sw.hash_check or mine is None or self.stop.is_set():
             return False
-        # who to hear from: the live trainers whose reports count (recent contributors: a flood of 'training'
-        # records of keys that never contributed held this wait to its end), and the makers of the last round
-        # (they may have finished and left already: their reports stay in the DHT)
+        # who to hear from: the makers of the last round (they may have finished and left already: their
+        # reports stay in the DHT), and the live trainers whose reports count (recent contributors: a flood of
+        # 'training' records of keys that never contributed held this wait to its end) that reached the last
+        # round (a peer killed rounds ago stays in sight until its record goes stale, 30 s by default, and
+        # held this wait to its end: it never reports again)
         me, votes = self.identity.peer_id, self.membership.votes()
-        others = {p for p, m in self.membership.fresh(max_age=0).items() if m.training and votes(p)} | \
-            set(self.history.senders)
+        others = {p for p, m in self.membership.fresh(max_age=0).items() if m.training and votes(p)
+                  and m.round >= last} | set(self.history.senders)
         others.discard(me)
         end, reports = time.monotonic() + min(30.0, self.sw.max_wait_s), []  # ends once most reported
         while time.monotonic() < end and not self.stop.is_set():
@@ -678,7 +681,7 @@ class Peer:
         counts here, a bulk key's too), and a contributor that ended the run on another hash (a report that
         reached it too late, a drift only the last round's check sees) re-syncs from us (up to 60 s). Leaving
         at once left it alone on its hash: its re-sync found no state offer (seen in CI: 2 of 5 peers)."""
-        t0, me, waiting = time.monotonic(), self.identity.peer_id, []
+        t0, me, waiting, shown = time.monotonic(), self.identity.peer_id, [], []
         behind_until, forked_until = t0 + min(self.sw.max_wait_s, 30.0), t0 + min(self.sw.max_wait_s, LINGER_S)
         while not self.stop.is_set():
             now = time.monotonic()
@@ -690,7 +693,14 @@ class Peer:
             waiting = chain.unsettled(self.history.tail(), {p: m.chain for p, m in others.items() if votes(p)},
                                       self.engine.round, rounds)
             if not waiting:
+                if now - t0 > 1.0:
+                    log.info("lingered %.1f s after the last round, until every live trainer held our state",
+                             now - t0)
                 return
+            if waiting != shown:  # a line when who is waited for changes, not every poll
+                shown = waiting
+                log.info("run over; serving our state until these live trainers hold it: %s",
+                         ",".join(f"{p[:12]}@r{rounds[p]}" if p in rounds else p[:12] for p in waiting))
             time.sleep(0.5)
         if waiting:
             log.warning("run over; %d live trainer(s) still not on our state %s: leaving them", len(waiting),

@@ -57,7 +57,12 @@ Sources = list[tuple[str, list[str]]] | Callable[[], list[tuple[str, list[str]]]
 
 class TransportError(ValueError):
     """The peer-to-peer layer cannot start: no initial peer answers, a port is taken, an address is bad.
-    The message names the address and what to check."""
+    The message names the address and what to check. ``unanswered``: nobody answered (a bootstrap being
+    restarted comes back, so trying again can help); a taken port or a bad address stays as it is."""
+
+    def __init__(self, message: str, unanswered: bool = False) -> None:
+        super().__init__(message)
+        self.unanswered = unanswered
 
 
 def explain_start_failure(err: BaseException, initial: list[str], hosts: list[str]) -> str:
@@ -225,7 +230,8 @@ class Transport:
                 self._dht = self._start_dht(initial, hosts, timeout)
             except Exception as err:  # the daemon's own words read like a local fault: say what to check
                 shutil.rmtree(self._sockdir, ignore_errors=True)
-                raise TransportError(explain_start_failure(err, initial, hosts)) from err
+                raise TransportError(explain_start_failure(err, initial, hosts),
+                                     unanswered="failed to connect to bootstrap peers" in str(err)) from err
             self._thread.start()
             self._p2p = self._run(self._dht.replicate_p2p(), timeout)
         if not self.cfg.client_mode:

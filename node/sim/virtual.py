@@ -15,9 +15,21 @@ What is modelled, and how:
   majority of the reports it received and, off it, re-syncs (adopts a majority peer's state after a
   download time), as the node's chores thread does.
 
-Safety, checked after every applied round: every peer that applied round r on the same chain (the same
-hash of r - 1) applied the same set (else a *violation*: the rules let two honest peers decide apart).
-Liveness: the rounds it takes after the last violation until every peer holds one hash.
+Adversaries (``Scenario.liars``): a real core whose outputs a policy rewrites, never a mock.
+- ``censor``: its report lists only its own update (the 'lowid' attacker of the process tests: a witness
+  that keeps every other update out).
+- ``equivocate``: two reports for each round, the honest one to half the peers and one listing only its
+  own update to the other half (the worst case for the rule: nobody holds both, so nobody can prove it).
+- ``withhold``: announces its update and never serves it (every fetch of it ends without the bytes).
+``Scenario.rule`` picks the decision: ``witnesses`` (the core: what a strict majority of the counted reports
+lists) or ``leader`` (the rule before witnesses: the lowest-id witness's report is the round's set), so that
+a test shows an attack succeeding without the defence and failing with it.
+
+Safety, checked after every applied round: every honest peer that applied round r on the same chain (the
+same hash of r - 1) applied the same set (else a *violation*: the rules let two honest peers decide apart).
+Censorship, counted at the end: an honest update that every honest peer verified before it reported, yet
+left out of an honest peer's decided set (``kept_out``). Liveness: the rounds it takes after the last
+violation until every honest peer holds one hash.
 """
 
 from __future__ import annotations
@@ -31,10 +43,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from gradnode.protocol import round as core
-from gradnode.protocol.records import pack
+from gradnode.protocol.records import pack, resolve
 
 TAIL = 4  # rounds of its chain a peer publishes (protocol/chain.py)
-FINAL_CHECK_S = 10.0  # after its last round a peer checks that round's hash against the others' this much later
+FINAL_CHECK_S = 10.0
+LIAR_KINDS = ("censor", "equivocate", "withhold")  # after its last round a peer checks that round's hash against the others' this much later
 
 
 @dataclass(frozen=True)
@@ -52,12 +65,22 @@ class Scenario:
     update_bytes: int = 20_000
     state_bytes: int = 2_000_000
     params: core.Params = core.Params(min_deadline_s=2.0, max_wait_s=60.0)
+    liars: tuple[tuple[int, str], ...] = ()  # (peer index, 'censor' | 'equivocate' | 'withhold')
+    rule: str = "witnesses"  # or 'leader': the lowest-id witness's report decides (the rule before witnesses)
+
+    def __post_init__(self) -> None:
+        for index, kind in self.liars:
+            if kind not in LIAR_KINDS or not 0 <= index < self.peers:
+                raise ValueError(f"liar {index}:{kind}: a peer 0..{self.peers - 1} and one of {', '.join(LIAR_KINDS)}")
+        if self.rule not in ("witnesses", "leader"):
+            raise ValueError(f"rule {self.rule!r}: 'witnesses' or 'leader'")
 
 
 @dataclass
 class VPeer:
     id: str
     slowness: float
+    lie: str = ""  # its policy ('' honest)
     hashes: dict[int, str] = field(default_factory=lambda: {-1: "genesis"})
     applied: dict[int, bytes] = field(default_factory=dict)
     cores: dict[int, core.RoundCore] = field(default_factory=dict)
@@ -68,12 +91,15 @@ class VPeer:
     resyncs: int = 0
     busy_until: float = 0.0  # a re-sync's download
     gen: int = 0  # bumped by a re-sync: the compute in flight is of a round given up
+    reported: dict[int, frozenset[str]] = field(default_factory=dict)  # round -> the senders its report listed
+    sets: dict[int, frozenset[str]] = field(default_factory=dict)  # round -> the senders of the set it applied
 
 
 class Simulation:
     def __init__(self, sc: Scenario) -> None:
         self.sc, self.rng = sc, random.Random(sc.seed)
-        self.peers = {f"p{i:04d}": VPeer(f"p{i:04d}", 1.0) for i in range(sc.peers)}
+        lies = dict(sc.liars)
+        self.peers = {f"p{i:04d}": VPeer(f"p{i:04d}", 1.0, lies.get(i, "")) for i in range(sc.peers)}
         self.now, self.events, self._seq = 0.0, 0, 0
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
         self.decided: dict[tuple[int, str], bytes] = {}  # (round, chain) -> the first set applied on it
@@ -162,7 +188,8 @@ class Simulation:
         def seen(q: VPeer, now: float) -> None:
             self._deliver(q, r, core.Announced(now, p.id, sent))  # the DHT gives its age: first seen = sent
             self._deliver(q, r, core.FetchStarted(now, p.id))
-            self.at(now + fetch_s + self.sc.latency_s, lambda: self._deliver(q, r, core.Verified(self.now, p.id, digest)))
+            got = core.FetchEnded if p.lie == "withhold" else lambda t, who: core.Verified(t, who, digest)
+            self.at(now + fetch_s + self.sc.latency_s, lambda: self._deliver(q, r, got(self.now, p.id)))
 
         self._broadcast(p, seen)
         self._compute(p, r + 1)
@@ -182,8 +209,8 @@ class Simulation:
     def _act(self, p: VPeer, c: core.RoundCore, actions: list[Any]) -> None:
         for a in actions:
             if isinstance(a, core.PublishReport):
-                rep = core.Report(p.id, c.seed, pack(a.pairs), digest=pack(a.pairs))
-                self._broadcast(p, lambda q, now, rep=rep, r=c.round_: self._deliver(q, r, core.ReportSeen(now, rep)))
+                p.reported[c.round_] = frozenset(s for s, _ in a.pairs)
+                self._publish(p, c, a.pairs)
             elif isinstance(a, core.Wake):
                 key, t = (p.id, c.round_), max(a.at, self.now + 1e-3)
                 if self._wakes.get(key, float("inf")) > t:
@@ -196,6 +223,16 @@ class Simulation:
                     self.undecided += 1
                 if p.waiting == c.round_ and c.round_ not in p.applied:
                     self._apply(p, c.round_)
+
+    def _publish(self, p: VPeer, c: core.RoundCore, pairs: tuple[tuple[str, str], ...]) -> None:
+        """Its report reaches every other peer; a liar's policy rewrites what each one gets."""
+        own = tuple(x for x in pairs if x[0] == p.id)
+
+        def report(to: VPeer) -> core.Report:
+            lied = own if p.lie == "censor" or p.lie == "equivocate" and _half(to.id, c.round_) else pairs
+            return core.Report(p.id, c.seed, pack(lied), digest=pack(lied))
+
+        self._broadcast(p, lambda q, now, r=c.round_: self._deliver(q, r, core.ReportSeen(now, report(q))))
 
     def _tick(self, p: VPeer, c: core.RoundCore, key: tuple[str, int], t: float) -> None:
         if self._wakes.get(key) == t:
@@ -212,11 +249,15 @@ class Simulation:
     def _apply(self, p: VPeer, r: int) -> None:
         c = p.cores[r]
         settled = c.settle()
+        if self.sc.rule == "leader":  # the rule before witnesses: the first counted report in id order stands
+            counted = c._counted()
+            settled = (counted[0].fps, 1) if counted else None
         fps = settled[0] if settled else b""
         p.applied[r] = fps
+        p.sets[r] = frozenset(s for s, _ in resolve(fps, c.verified.items())[0])
         p.hashes[r] = hashlib.sha256(p.hashes[r - 1].encode() + fps).hexdigest()[:16]
         key = (r, c.seed)
-        first = self.decided.setdefault(key, fps)
+        first = self.decided.setdefault(key, fps) if not p.lie else fps  # a liar's own decisions prove nothing
         if first != fps:
             self.violations.append({"round": r, "peer": p.id, "chain": c.seed,
                                     "updates": [len(first) // 16, len(fps) // 16]})
@@ -262,19 +303,58 @@ class Simulation:
 
     # --- the summary -------------------------------------------------------------------------------
 
+    def _kept_out(self) -> int:
+        """Honest updates every honest peer listed in its own report of a round, missing from an honest peer's
+        applied set of it (a re-synced peer's adopted rounds are the donor's: not counted twice)."""
+        honest = [p for p in self.peers.values() if not p.lie]
+        out = 0
+        for r in range(self.sc.rounds):
+            listed = [p.reported.get(r) for p in honest]
+            if not listed or any(x is None for x in listed):
+                continue
+            everyone = frozenset.intersection(*listed) & {p.id for p in honest}
+            out += sum(len(everyone - p.sets[r]) for p in honest if r in p.sets)
+        return out
+
     def _summary(self, wall: float) -> dict[str, Any]:
         last = self.sc.rounds - 1
-        final = Counter(p.hashes.get(last, "") for p in self.peers.values())
+        final = Counter(p.hashes.get(last, "") for p in self.peers.values() if not p.lie)
+        liars = {p.id for p in self.peers.values() if p.lie}
         # liveness: how many rounds past a split's round the last of its peers re-synced onto the majority
         # (None: the run ended on more than one hash)
         converged = max(self.repairs, default=0) if len(final) == 1 and not self.stalled else None
         return {"seed": self.sc.seed, "peers": self.sc.peers, "rounds": self.sc.rounds,
                 "violations": self.violations, "splits": len({v["round"] for v in self.violations}),
                 "rounds_to_converge": converged, "final_hashes": len(final),
-                "resyncs": sum(p.resyncs for p in self.peers.values()), "undecided": self.undecided,
+                "resyncs": sum(p.resyncs for p in self.peers.values() if not p.lie), "undecided": self.undecided,
+                "kept_out": self._kept_out(),
+                "liar_rounds": sum(bool(liars & p.sets[r]) for p in self.peers.values() if not p.lie for r in p.sets),
                 "stalled": self.stalled, "per_round": [{"round": r, **self.per_round[r]} for r in sorted(self.per_round)],
                 "events": self.events, "virtual_s": round(self.now, 3), "wall_s": round(wall, 3),
                 "scenario": {k: v for k, v in asdict(self.sc).items() if k != "params"}}
+
+
+def parse_liars(spec: str | None, peers: int) -> tuple[tuple[int, str], ...]:
+    """``--faults`` for ``--virtual``: KIND:P items (KIND one of LIAR_KINDS, P a peer index), comma-separated.
+    ValueError names the item and what to write instead."""
+    out: list[tuple[int, str]] = []
+    for raw in (x.strip() for x in (spec or "").split(",") if x.strip()):
+        kind, _, index = raw.partition(":")
+        if kind not in LIAR_KINDS or not index.isdigit():
+            raise ValueError(f"--faults: {raw!r} is not modelled by --virtual; write KIND:P with KIND one of "
+                             f"{', '.join(LIAR_KINDS)} (the process simulator runs the other faults)")
+        if int(index) >= peers or int(index) in dict(out):
+            raise ValueError(f"--faults: {raw!r}: peer {index} does not exist or has a fault already "
+                             f"(peers are 0..{peers - 1})")
+        out.append((int(index), kind))
+    if 2 * len(out) >= peers:
+        raise ValueError(f"--faults: {len(out)} liars of {peers} peers: the rules assume fewer than half")
+    return tuple(out)
+
+
+def _half(peer: str, round_: int) -> bool:
+    """Which half of the peers an equivocator lies to in a round (fixed by the names: no randomness drawn)."""
+    return hashlib.sha256(f"{peer}/{round_}".encode()).digest()[0] & 1 == 1
 
 
 def _at(ev: Any, now: float) -> Any:
@@ -293,6 +373,9 @@ def print_summary(out: dict[str, Any]) -> None:
     print(f"{'round':>5} {'applied':>8} {'violations':>10} {'resyncs':>8}")
     for row in out["per_round"]:
         print(f"{row['round']:>5} {row['applied']:>8} {row['violations']:>10} {row['resyncs']:>8}")
+    if out["scenario"]["liars"]:
+        print(f"liars {', '.join(f'{i}:{k}' for i, k in out['scenario']['liars'])}: honest updates kept out "
+              f"{out['kept_out']}; peer-rounds that applied a liar's update {out['liar_rounds']}")
     print(f"violations {len(out['violations'])} in {out['splits']} rounds; re-syncs {out['resyncs']}; "
           f"final hashes {out['final_hashes']}; rounds to converge {out['rounds_to_converge']}; "
           f"{out['events']} events, {out['virtual_s']:.0f} virtual s in {out['wall_s']:.2f} s"

@@ -46,8 +46,8 @@ from gradnode.protocol import round as core
 from gradnode.protocol.records import pack, resolve
 
 TAIL = 4  # rounds of its chain a peer publishes (protocol/chain.py)
-FINAL_CHECK_S = 10.0
-LIAR_KINDS = ("censor", "equivocate", "withhold")  # after its last round a peer checks that round's hash against the others' this much later
+FINAL_CHECK_S = 10.0  # after its last round a peer checks that round's hash against the others' this much later
+LIAR_KINDS = ("censor", "equivocate", "withhold")  # the adversaries modelled (see the module's docstring)
 
 
 @dataclass(frozen=True)

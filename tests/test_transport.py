@@ -34,6 +34,33 @@ def test_records_blobs_gossip_and_counters(trio) -> None:
     assert got_c == blob and settles(lambda: b.bytes_up == len(blob)), b.bytes_up
 
 
+def test_one_node_writes_the_records_of_keys_in_bulk_each_under_its_own_key(trio, tmp_path: Path) -> None:
+    """The attackers with keys in bulk ('flood', 'sybilvotes') write every key's records through one DHT node:
+    each record lands in its key's owner-protected subkey, signed by that key, and the readers name that key
+    as its owner (as they would for a node per key); a key the node does not hold it cannot write for."""
+    from gradnode.node.swarm.adversary import _SignedAs
+    from gradnode.node.swarm.membership import Membership
+
+    a, _, c = trio
+    keys = [load_or_create(tmp_path / f"k{i}") for i in range(3)]
+    node = Transport(SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=a.maddrs()),
+                     load_or_create(tmp_path / "node"), signs_for=keys)
+    try:
+        node.start()
+        for k in keys:
+            m = Membership(_SignedAs(node, k), k, "run", ttl=30.0)
+            assert m.publish(round_=1, training=True, step_seconds=1.0, inner_steps=4, tokens_per_s=1.0, rejected=0,
+                             loss=None)
+        assert node.store("k", b"own", ttl=30)
+        seen = Membership(c, c.identity, "run", ttl=30.0).members(max_age=0)
+        assert {k.peer_id for k in keys} <= set(seen) and node.peer_id not in seen  # only the keys published
+        assert (node.peer_id, b"own") in c.get("k")
+        with pytest.raises(AssertionError):
+            node.store("k", b"x", ttl=30, owner=a.identity)
+    finally:
+        node.close()
+
+
 def settles(check, within_s: float = 60.0) -> bool:
     """``check()`` is true now or turns true within ``within_s`` (a counter another thread updates)."""
     end = time.monotonic() + within_s

@@ -234,6 +234,34 @@ def _own_node(sw: SwarmConfig, output_dir: Path, name: str, initial: list[str]) 
     return t
 
 
+class _SignedAs:
+    """The shared node of the keys in bulk, as one of those keys sees it: its stores go to that key's subkey,
+    everything else is the node's (a Membership per key runs on it)."""
+
+    def __init__(self, transport: Any, identity: Any) -> None:
+        self._t, self.identity = transport, identity
+
+    def store(self, key: str, value: bytes, ttl: float, timeout: float = 10.0) -> bool:
+        return self._t.store(key, value, ttl, timeout, owner=self.identity)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._t, name)
+
+
+def _keys_node(sw: SwarmConfig, output_dir: Path, initial: list[str]) -> tuple[Any, list[Any]]:
+    """FLOOD_KEYS identities of the attacker's own making, written through one more DHT node of its own
+    (a node per key cost two cores' worth of processes for nothing: a key signs its records wherever they
+    are stored from); the node and one view of it per key."""
+    from gradnode.node.swarm.transport import Transport
+
+    keys = [load_or_create(output_dir / f"sybil-{k}.key") for k in range(FLOOD_KEYS)]
+    cfg = sw.model_copy(update={"initial_peers": initial, "host_maddrs": ["/ip4/127.0.0.1/tcp/0"],
+                                "announce_maddrs": [], "fault": "none"})
+    node = Transport(cfg, load_or_create(output_dir / "sybils.key"), signs_for=keys)
+    node.start(timeout=20.0)  # a fork that hangs (Transport._start_dht) costs 30 s, not a minute
+    return node, [_SignedAs(node, k) for k in keys]
+
+
 def sybils(sw: SwarmConfig, run_id: str, output_dir: Path, transport: Any) -> "Sybils | Replayer | None":
     """The extra identities of the 'flood', 'sybilvotes' and 'replayleave' attackers, bootstrapped through the attacker's
     own ``transport`` (None for every other fault); the peer calls ``publish(round)`` every heartbeat and
@@ -250,14 +278,15 @@ def sybils(sw: SwarmConfig, run_id: str, output_dir: Path, transport: Any) -> "S
 class Sybils:
     """'flood': FLOOD_KEYS identities of the attacker's own making, each publishing a 'training' member
     record 1000 rounds ahead of the attacker every heartbeat, and never an update (every record is
-    validly signed: each has its own key); the first also stores an oversized value under the members key."""
+    validly signed and stored under its own key's subkey, all through one DHT node of the attacker's);
+    the first also stores an oversized value under the members key."""
 
     def __init__(self, sw: SwarmConfig, run_id: str, output_dir: Path, initial: list[str]) -> None:
         from gradnode.node.swarm.membership import Membership
 
         self.run_id = run_id
-        self.transports = [_own_node(sw, output_dir, f"sybil-{k}", initial) for k in range(FLOOD_KEYS)]
-        self.members = [Membership(t, t.identity, run_id, sw.record_ttl_s) for t in self.transports]
+        self.node, views = _keys_node(sw, output_dir, initial)
+        self.members = [Membership(v, v.identity, run_id, sw.record_ttl_s) for v in views]
         self.publish(0)  # in sight before the first round, and then every heartbeat
 
     def publish(self, round_: int) -> None:
@@ -266,12 +295,11 @@ class Sybils:
         for m in self.members:  # rounds far ahead: always among those that "kept up" (round >= r - 1)
             m.publish(round_=round_ + 1000, training=True, step_seconds=1.0, inner_steps=10, tokens_per_s=1e4,
                       rejected=0, loss=1.0)
-        self.transports[0].store(dht_key(self.run_id, "members"), os.urandom(OVERSIZED_BYTES),
-                                 self.members[0].ttl)
+        self.members[0].transport.store(dht_key(self.run_id, "members"), os.urandom(OVERSIZED_BYTES),
+                                        self.members[0].ttl)
 
     def close(self) -> None:
-        for t in self.transports:
-            t.close()
+        self.node.close()
 
 
 def sybil_hash(round_: int) -> str:

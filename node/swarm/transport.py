@@ -160,13 +160,43 @@ class BlobStore:
             return list(self._blobs)
 
 
+def _hivemind_key(identity: Identity) -> RSAPrivateKey:
+    key = RSAPrivateKey.__new__(RSAPrivateKey)
+    key._private_key = identity.private_key  # same key as the daemon: owner-protected subkeys
+    return key
+
+
+class _ManyKeys(RSASignatureValidator):
+    """hivemind's owner check, signing for several keys: each record with the subkey of one of them is signed
+    with that key. One DHT node then writes the records of many identities (what the 'flood' and
+    'sybilvotes' attackers do: keys are free, a node per key is not needed); hivemind keeps one
+    RSASignatureValidator per node, so one validator holds them all."""
+
+    def __init__(self, keys: list[RSAPrivateKey]) -> None:
+        super().__init__(keys[0])
+        self._by_marker = {self.PUBLIC_KEY_FORMAT.replace(b"_key_", k.get_public_key().to_bytes()): k for k in keys}
+
+    def marker(self, identity: Identity) -> bytes:
+        wanted = _hivemind_key(identity).get_public_key().to_bytes()
+        return self.PUBLIC_KEY_FORMAT.replace(b"_key_", wanted)
+
+    def sign_value(self, record: Any) -> bytes:
+        for marker, key in self._by_marker.items():
+            if marker in record.key or marker in record.subkey:
+                signature = key.sign(self._serialize_record(record))
+                return record.value + self.SIGNATURE_FORMAT.replace(b"_value_", signature)
+        return record.value
+
+
 class Transport:
-    """DHT records + stream-served blobs for one peer."""
+    """DHT records + stream-served blobs for one peer. ``signs_for``: more identities whose owner-protected
+    records this node writes (``store(..., owner=)``; testing aid for the attackers with keys in bulk)."""
 
     def __init__(self, cfg: SwarmConfig, identity: Identity, *, blob_budget: int = 1 << 30,
-                 upload_slots: int = 2) -> None:
+                 upload_slots: int = 2, signs_for: Iterable[Identity] = ()) -> None:
         self.cfg = cfg
         self.identity = identity
+        self.signs_for = list(signs_for)
         self.blobs = BlobStore(blob_budget)
         self.bytes_up = 0
         self.bytes_down = 0
@@ -214,9 +244,9 @@ class Transport:
             self._start(timeout, [])
 
     def _start(self, timeout: float, initial: list[str]) -> None:
-        key = RSAPrivateKey.__new__(RSAPrivateKey)
-        key._private_key = self.identity.private_key  # same key as the daemon: owner-protected subkeys
-        self._validator = RSASignatureValidator(key)
+        key = _hivemind_key(self.identity)
+        self._validator = _ManyKeys([key, *map(_hivemind_key, self.signs_for)]) if self.signs_for \
+            else RSASignatureValidator(key)
         # client mode (behind NAT): listen nowhere; streams only go out, updates are pushed to reachable peers
         hosts = [] if self.cfg.client_mode else list(self.cfg.host_maddrs)
         # the daemon's unix sockets go to a folder of our own in the temp folder (TMPDIR; hivemind's default
@@ -322,15 +352,17 @@ class Transport:
     def now(self) -> float:
         return get_dht_time()
 
-    def store(self, key: str, value: bytes, ttl: float, timeout: float = 10.0) -> bool:
-        """Store ``value`` under ``key`` in this peer's owner-protected subkey; False on failure."""
+    def store(self, key: str, value: bytes, ttl: float, timeout: float = 10.0, owner: Identity | None = None) -> bool:
+        """Store ``value`` under ``key`` in this peer's owner-protected subkey (or ``owner``'s, one of
+        ``signs_for``); False on failure."""
         assert self._dht is not None
         assert len(value) <= _MAX_DHT_VALUE, f"DHT values must stay small, got {len(value)} bytes"
+        assert owner is None or owner in self.signs_for, "this node signs for its own key and signs_for only"
+        subkey = self._validator.local_public_key if owner is None else self._validator.marker(owner)
         t0 = time.monotonic()
         try:
             with self._dht_lock:
-                fut = self._dht.store(key, value, self.now() + ttl, subkey=self._validator.local_public_key,
-                                      return_future=True)
+                fut = self._dht.store(key, value, self.now() + ttl, subkey=subkey, return_future=True)
             return bool(fut.result(timeout))
         except Exception as err:
             log.warning("dht store failed key=%s error=%r after %.1f s", key, err, time.monotonic() - t0)

@@ -223,13 +223,14 @@ FLOOD_KEYS = 8  # identities the 'flood' attacker makes in bulk: more than the h
 OVERSIZED_BYTES = 30 * 1024  # a members value past the 16 KiB record limit (the DHT itself takes 32 KiB)
 
 
-def _own_node(sw: SwarmConfig, output_dir: Path, name: str, initial: list[str]) -> Any:
-    """One more identity of the attacker's own making: a real DHT node in its process, with its own key."""
+def _own_node(sw: SwarmConfig, output_dir: Path, name: str, initial: list[str], signs_for: tuple[Any, ...] = ()) -> Any:
+    """One more identity of the attacker's own making: a real DHT node in its process, with its own key
+    (and writing the records of ``signs_for`` too)."""
     from gradnode.node.swarm.transport import Transport
 
     cfg = sw.model_copy(update={"initial_peers": initial, "host_maddrs": ["/ip4/127.0.0.1/tcp/0"],
                                 "announce_maddrs": [], "fault": "none"})
-    t = Transport(cfg, load_or_create(output_dir / f"{name}.key"))
+    t = Transport(cfg, load_or_create(output_dir / f"{name}.key"), signs_for=signs_for)
     t.start(timeout=20.0)  # a fork that hangs (Transport._start_dht) costs 30 s, not a minute
     return t
 
@@ -252,13 +253,8 @@ def _keys_node(sw: SwarmConfig, output_dir: Path, initial: list[str]) -> tuple[A
     """FLOOD_KEYS identities of the attacker's own making, written through one more DHT node of its own
     (a node per key cost two cores' worth of processes for nothing: a key signs its records wherever they
     are stored from); the node and one view of it per key."""
-    from gradnode.node.swarm.transport import Transport
-
     keys = [load_or_create(output_dir / f"sybil-{k}.key") for k in range(FLOOD_KEYS)]
-    cfg = sw.model_copy(update={"initial_peers": initial, "host_maddrs": ["/ip4/127.0.0.1/tcp/0"],
-                                "announce_maddrs": [], "fault": "none"})
-    node = Transport(cfg, load_or_create(output_dir / "sybils.key"), signs_for=keys)
-    node.start(timeout=20.0)  # a fork that hangs (Transport._start_dht) costs 30 s, not a minute
+    node = _own_node(sw, output_dir, "sybils", initial, signs_for=tuple(keys))
     return node, [_SignedAs(node, k) for k in keys]
 
 

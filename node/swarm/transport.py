@@ -65,10 +65,13 @@ class TransportError(ValueError):
         self.unanswered = unanswered
 
 
+_UNANSWERED = "failed to connect to bootstrap peers"  # the daemon's words when no initial peer answered
+
+
 def explain_start_failure(err: BaseException, initial: list[str], hosts: list[str]) -> str:
     """One line for a libp2p daemon that did not start, in the user's terms (not the daemon's)."""
     text = str(err)
-    if "failed to connect to bootstrap peers" in text:
+    if _UNANSWERED in text:
         return (f"no initial peer answered ({', '.join(initial)}): check that a gradnode bootstrap or peer runs "
                 "there, that the address, port and /p2p/ id are the ones it printed, and that no firewall blocks it")
     if "address already in use" in text:
@@ -168,23 +171,18 @@ def _hivemind_key(identity: Identity) -> RSAPrivateKey:
 
 class _ManyKeys(RSASignatureValidator):
     """hivemind's owner check, signing for several keys: each record with the subkey of one of them is signed
-    with that key. One DHT node then writes the records of many identities (what the 'flood' and
-    'sybilvotes' attackers do: keys are free, a node per key is not needed); hivemind keeps one
-    RSASignatureValidator per node, so one validator holds them all."""
+    with that key (by hivemind's own signer for it). One DHT node then writes the records of many identities
+    (what the 'flood' and 'sybilvotes' attackers do: keys are free, a node per key is not needed); hivemind
+    keeps one RSASignatureValidator per node, so one validator holds them all."""
 
-    def __init__(self, keys: list[RSAPrivateKey]) -> None:
-        super().__init__(keys[0])
-        self._by_marker = {self.PUBLIC_KEY_FORMAT.replace(b"_key_", k.get_public_key().to_bytes()): k for k in keys}
-
-    def marker(self, identity: Identity) -> bytes:
-        wanted = _hivemind_key(identity).get_public_key().to_bytes()
-        return self.PUBLIC_KEY_FORMAT.replace(b"_key_", wanted)
+    def __init__(self, key: RSAPrivateKey, more: dict[str, RSAPrivateKey]) -> None:
+        super().__init__(key)
+        self.signers = {peer: RSASignatureValidator(k) for peer, k in more.items()}  # peer id -> its signer
 
     def sign_value(self, record: Any) -> bytes:
-        for marker, key in self._by_marker.items():
-            if marker in record.key or marker in record.subkey:
-                signature = key.sign(self._serialize_record(record))
-                return record.value + self.SIGNATURE_FORMAT.replace(b"_value_", signature)
+        for signer in (self, *self.signers.values()):
+            if signer.local_public_key in record.key or signer.local_public_key in record.subkey:
+                return RSASignatureValidator.sign_value(signer, record)
         return record.value
 
 
@@ -245,7 +243,7 @@ class Transport:
 
     def _start(self, timeout: float, initial: list[str]) -> None:
         key = _hivemind_key(self.identity)
-        self._validator = _ManyKeys([key, *map(_hivemind_key, self.signs_for)]) if self.signs_for \
+        self._validator = _ManyKeys(key, {i.peer_id: _hivemind_key(i) for i in self.signs_for}) if self.signs_for \
             else RSASignatureValidator(key)
         # client mode (behind NAT): listen nowhere; streams only go out, updates are pushed to reachable peers
         hosts = [] if self.cfg.client_mode else list(self.cfg.host_maddrs)
@@ -261,7 +259,7 @@ class Transport:
             except Exception as err:  # the daemon's own words read like a local fault: say what to check
                 shutil.rmtree(self._sockdir, ignore_errors=True)
                 raise TransportError(explain_start_failure(err, initial, hosts),
-                                     unanswered="failed to connect to bootstrap peers" in str(err)) from err
+                                     unanswered=_UNANSWERED in str(err)) from err
             self._thread.start()
             self._p2p = self._run(self._dht.replicate_p2p(), timeout)
         if not self.cfg.client_mode:
@@ -358,7 +356,7 @@ class Transport:
         assert self._dht is not None
         assert len(value) <= _MAX_DHT_VALUE, f"DHT values must stay small, got {len(value)} bytes"
         assert owner is None or owner in self.signs_for, "this node signs for its own key and signs_for only"
-        subkey = self._validator.local_public_key if owner is None else self._validator.marker(owner)
+        subkey = (self._validator if owner is None else self._validator.signers[owner.peer_id]).local_public_key
         t0 = time.monotonic()
         try:
             with self._dht_lock:

@@ -795,8 +795,8 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=4096, 
                           "(actions: kill restart stop join corrupt forge tamper slow bw client partition heal; "
                           "adversaries: tokens dense slowhold pushflood intruder flood replayleave crossrun "
                           "equivocate sybilvotes lowid futurestate badmomentum signflip noise freerider lazy; "
-                          "peer '?' = picked by --seed). With --virtual: lying witnesses only, censor:P "
-                          "equivocate:P withhold:P."),
+                          "peer '?' = picked by --seed). With --virtual: lying witnesses (censor:P "
+                          "equivocate:P withhold:P) and one partition:G|G@rN with its heal@rM."),
                  seed: Optional[int] = typer.Option(None, "--seed", min=0, metavar="N", help="run.seed, and the "
                                                     "picks of '?' in --faults: the same seed gives the same run."),
                  timeout: float = typer.Option(3600.0, "--timeout", min=10.0, metavar="SECONDS",
@@ -875,13 +875,13 @@ def _simulate_virtual(peers: int, rounds: int, seed: int, config: Optional[Path]
     from gradnode.node.swarm.clock import params
 
     try:
-        liars = virtual.parse_liars(faults_spec, peers)
+        faults = virtual.parse_faults(faults_spec, peers)
     except ValueError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
     sw = _load(config, overrides).swarm
     out = virtual.run(virtual.Scenario(peers=peers, rounds=rounds, seed=seed, late_p=late, params=params(sw),
-                                       liars=liars))
+                                       record_ttl_s=sw.record_ttl_s, **faults))
     if as_json:
         typer.echo(json.dumps(out))
     else:

@@ -5,14 +5,16 @@ Every training peer publishes the tail of its chain in its member record: the la
 holds, each a (round, weight hash) pair, "the weights after applying round r". Two peers follow the
 same chain when their tails agree on a round both list; they follow different chains when they
 disagree on one. Peers are grouped by that relation (transitively: a peer one round ahead links to
-the others through the rounds they share), and
+the others through the rounds they share; but never through a laggard that agrees with both sides of a
+fork), and
 
     the chain followed by more peers wins; a tie goes to the group holding the lowest peer id.
 
 Peer counts do not move while two groups merge, so both groups reach the same verdict even when they
 read each other's records a round apart (the cumulative work of a chain changes every round: two
 groups comparing it a round apart can each find the other heavier, and both re-sync). A peer whose
-tail shares no round with anybody (it lags, or is far ahead alone) forms a group of one. Counting
+tail shares no round with anybody (it lags, or is far ahead alone), or only rounds from before a fork,
+forms a group of one. Which chain a peer then follows, and when it leaves its own: ``Follow``. Counting
 peers makes the rule as strong as the membership it counts: one vote per key is open to keys made in
 bulk, which the trust layer bounds (votes by recent contributors only, admission).
 """
@@ -20,6 +22,7 @@ bulk, which the trust layer bounds (votes by recent contributors only, admission
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 Link = tuple[int, str]  # (round r, hash of the shared weights after applying round r)
 TAIL = 4  # states a peer publishes: peers of one chain are at most a round or two apart
@@ -43,25 +46,34 @@ def newest_common(a: Sequence[Link], b: Sequence[Link]) -> int:
 
 
 def groups(tails: Mapping[str, Sequence[Link]]) -> list[list[str]]:
-    """Peers grouped by chain, each group sorted, the winning group first (see the module docstring)."""
-    parent = {p: p for p in tails}
+    """Peers grouped by chain, each group sorted, the winning group first (see the module docstring).
 
-    def root(p: str) -> str:
-        while parent[p] != p:
-            parent[p] = parent[parent[p]]
-            p = parent[p]
-        return p
+    Agreeing peers are joined transitively, except through a peer that agrees with two peers that disagree
+    with each other: a laggard whose tail holds only rounds from before a fork. It stands alone. Joined, it
+    made the two sides one chain, which hid the fork from everyone, and nobody left the losing side (found
+    by the simulator); given to either side, its vote would decide between them."""
+    distinct = sorted({tuple(t) for t in tails.values()})  # peers of one chain mostly publish the same tail
+    n = len(distinct)
+    verdict = {(i, j): agree(distinct[i], distinct[j]) for i in range(n) for j in range(i + 1, n)}
+    agrees = {i: {j for j in range(n) if j != i and verdict[min(i, j), max(i, j)]} for i in range(n)}
+    ambiguous = {i for i in range(n) if any(verdict[min(j, k), max(j, k)] is False
+                                            for j in agrees[i] for k in agrees[i] if j < k)}
+    parent = list(range(n))
 
-    peers = sorted(tails)
-    for i, a in enumerate(peers):
-        for b in peers[i + 1:]:
-            if agree(tails[a], tails[b]):
-                ra, rb = root(a), root(b)
-                if ra != rb:
-                    parent[max(ra, rb)] = min(ra, rb)
-    found: dict[str, list[str]] = {}
-    for p in peers:
-        found.setdefault(root(p), []).append(p)
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for (i, j), same in verdict.items():
+        if same and i not in ambiguous and j not in ambiguous:
+            ri, rj = root(i), root(j)
+            parent[max(ri, rj)] = min(ri, rj)
+    index = {t: i for i, t in enumerate(distinct)}
+    found: dict[int, list[str]] = {}
+    for peer in sorted(tails):
+        found.setdefault(root(index[tuple(tails[peer])]), []).append(peer)
     return sorted(found.values(), key=lambda g: (-len(g), g[0]))
 
 
@@ -78,3 +90,66 @@ def unsettled(mine: Sequence[Link], others: Mapping[str, Sequence[Link]], my_rou
     lists). A tail sharing no round with ours (it claims a far state) is not waited for. Sorted."""
     behind = {p for p, r in rounds.items() if r < my_round}
     return sorted(behind | {p for p, t in others.items() if agree(mine, t) is False})
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Where peer ``me`` stands among the chains of ``tails`` (its own tail included): on the winning chain or
+    not, and whether it lost only by the lowest-id rule while alone on its chain (a 1-1 tie)."""
+
+    on_winner: bool
+    tie_alone: bool
+    winners: tuple[str, ...]
+    groups: int
+
+
+def standing(tails: Mapping[str, Sequence[Link]], me: str) -> Standing:
+    """``me``'s standing by the chain rule (``groups``). A peer with no tail yet follows whatever wins; so does
+    one that stands alone only because it agrees with both sides of a fork (a round or more behind both): it
+    cannot tell yet, and a key publishing a made-up newer round would otherwise push every honest peer a
+    round behind off its own chain, into a state download each time."""
+    found = groups({p: t for p, t in tails.items() if t})
+    if not found:
+        return Standing(True, False, (), 0)
+    win = found[0]
+    mine = next((g for g in found if me in g), [me])
+    own = tails.get(me)
+    on = me in win or not own or (len(mine) == 1 and any(agree(own, tails[w]) for w in win))
+    return Standing(on, not on and len(mine) == 1 and len(win) == 1, tuple(win), len(found))
+
+
+@dataclass
+class Follow:
+    """When a peer leaves its chain for another's: one rule over the two signals it has after a round, the
+    chain rule over the member records' tails (``Standing``) and its weight hash against the majority of a
+    round's weight reports (``off_majority``).
+
+    The chain rule decides; the reports only hasten it. Off the winning chain in two looks in a row (four
+    when it lost only a 1-1 tie alone: one record of a 2-1 majority looking stale for a moment makes one),
+    the peer looks again on fresh records and, still off it, adopts the winner's state ('look again', then
+    ``confirm``). Off the winning chain and off the reports' majority in one look: both signals agree, it
+    re-syncs at once ('resync'). Off the majority while the chain rule says its chain wins: nothing. The two
+    signals are read from different records at different moments; acting on either alone let the two sides
+    of a healed 2|2 split each adopt the other's chain within seconds (one side's re-sync, whose report
+    count missed one of its own allies, and the other side's fork sync), and the swarm stayed split."""
+
+    lost: int = 0  # looks in a row that found this peer off the winning chain
+
+    def step(self, s: Standing, off_majority: bool) -> str | None:
+        """'resync', 'look again' or None (see the class)."""
+        if s.on_winner:
+            self.lost = 0
+            return None
+        self.lost += 1
+        if off_majority:
+            self.lost = 0
+            return "resync"
+        if self.lost >= (4 if s.tie_alone else 2):
+            self.lost = 0
+            return "look again"
+        return None
+
+    @staticmethod
+    def confirm(fresh: Standing) -> bool:
+        """After 'look again': adopt the winner's state when the fresh look still finds this peer off it."""
+        return not fresh.on_winner

@@ -203,6 +203,7 @@ class RoundCore:
     fetching: set[str] = field(default_factory=set)
     reports: dict[str, Report] = field(default_factory=dict)
     banned: set[str] = field(default_factory=set)
+    elsewhere: set[str] = field(default_factory=set)  # witnesses that reported on another chain (another seed)
     doubted: set[str] = field(default_factory=set)  # senders this witness's loss check judged harmful
     awaited: frozenset[str] | None = None
     finish_by: float = math.inf
@@ -256,6 +257,8 @@ class RoundCore:
         return self.step(Tick(now))
 
     def _seen(self, r: Report) -> list[Action]:
+        if r.seed != self.seed and not r.abstain:
+            self.elsewhere.add(r.witness)
         if r.witness in self.banned or (r.seed != self.seed and not r.abstain):
             return []
         first = self.reports.get(r.witness)
@@ -274,7 +277,12 @@ class RoundCore:
         return {w for w, r in self.reports.items() if r.abstain}
 
     def _live(self) -> tuple[set[str], set[str]]:
-        trainers, live = set(self.view.trainers), set(self.view.counted) | ({self.me} if self.sender else set())
+        """The trainers the round waits for, and those of them that anchor the deadline: not those two or more
+        rounds past it (they applied it, or adopted a newer state, and will never announce in it: a peer left
+        behind after a healed split waited out max_wait_s on every round for their announcements)."""
+        gone_past = set(self.view.ahead)
+        trainers = set(self.view.trainers) - gone_past
+        live = (set(self.view.counted) - gone_past) | ({self.me} if self.sender else set())
         if not live <= set(self.verified):
             sitting_out = self._abstaining()
             trainers, live = trainers - sitting_out, live - sitting_out
@@ -318,7 +326,10 @@ class RoundCore:
     # --- decide ----------------------------------------------------------------------------------
 
     def _absent(self) -> set[str]:
-        return set(self.view.leaving) | self._abstaining() | self.banned | \
+        """Eligible witnesses nobody waits for: leaving, abstaining, banned, out of sight, or on another chain (a
+        report is final: one made on another chain says this witness applied another previous round; its report
+        on ours still counts if one comes)."""
+        return set(self.view.leaving) | self._abstaining() | self.banned | self.elsewhere | \
             {p for p in self.eligible if p != self.me and p not in self.view.present}
 
     def _counted(self) -> list[Report]:
@@ -358,8 +369,11 @@ class RoundCore:
             if self._counted():
                 return out + self._end("live fallback")
             self.live_fallback = False
+            # nobody will report on this round on our chain: every other trainer is past it, sat it out, or
+            # reported on another chain (the two peers of one side of a healed split both sat a round out, the
+            # other side's reports were on its own chain, and both waited out max_wait_s while it ran on)
             others = set(self.view.live) - {self.me}
-            if others and others <= set(self.view.ahead):
+            if others and others <= set(self.view.ahead) | self._abstaining() | self.elsewhere:
                 return out + self._end("passed by")
         if now >= hard_stop:
             return out + self._end("max wait")

@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 from gradnode.node.swarm.addressbook import MAX_ENTRIES, AddressBook, with_peer_id
-from gradnode.protocol.chain import agree, groups, unsettled, winner
+from gradnode.protocol.chain import Follow, Standing, agree, groups, standing, unsettled, winner
 
 
 def tail(prefix: str, newest: int, n: int = 4) -> list[tuple[int, str]]:
@@ -38,6 +38,44 @@ def test_a_tie_goes_to_the_group_with_the_lowest_peer_id_and_a_laggard_stands_al
              "lag": tail("aa", 2)}
     assert groups(tails) == [["a1", "y1"], ["b1", "z1"], ["lag"]]
     assert winner({"x": []}) == [] and winner({}) == []
+
+
+def test_a_laggard_from_before_a_fork_never_bridges_its_two_sides() -> None:
+    """A peer whose newest published rounds predate a fork agrees with both sides of it. Grouped transitively,
+    it made the two sides one chain: nobody saw the fork, and nobody left the losing side (found by the
+    simulator: a peer stuck rounds behind, its record still fresh, hid a split for the rest of the run). It
+    stands alone: on either side its vote would decide the fork."""
+    forked = lambda side: [(8, "aa0000008"), (9, f"{side}000009"), (10, f"{side}00000a")]  # noqa: E731
+    tails = {"a1": forked("x"), "a2": forked("x"), "b1": forked("y"), "b2": forked("y"), "b3": forked("y"),
+             "lag": [(6, "aa0000006"), (7, "aa0000007"), (8, "aa0000008")]}
+    assert groups(tails) == [["b1", "b2", "b3"], ["a1", "a2"], ["lag"]]  # it would make a 3-3 tie either way
+    # who stands where: the pair loses to the three, the three win; the laggard cannot tell yet, and stays
+    assert standing(tails, "a1") == Standing(False, False, ("b1", "b2", "b3"), 3)
+    assert standing(tails, "lag").on_winner
+    # a key publishing a made-up newer round makes an honest peer a round behind agree with both: it counts
+    # for nobody then, but it is not pushed off its own chain into a state download
+    honest = {"h1": forked("x"), "h2": forked("x")[:2], "h3": forked("x")}
+    made_up = {**honest, "key": [(8, "aa0000008"), (9, "x000009"), (10, "zz")]}
+    assert groups(made_up) == [["h1", "h3"], ["h2"], ["key"]]
+    assert standing(honest, "h2").on_winner and standing(made_up, "h2").on_winner
+    assert standing(tails, "b2").on_winner and standing({"me": []}, "me").on_winner
+
+
+def test_the_chain_rule_decides_and_the_reports_only_hasten_it() -> None:
+    """chain.Follow: off the winning chain in two looks in a row, look again and follow it; off it and off the
+    reports' majority at once, re-sync now; off the majority while the chain rule says ours wins, stay (acting
+    on the reports alone let both sides of a healed 2|2 split adopt each other's chain); a peer that lost a
+    1-1 tie alone waits four looks."""
+    lost, won, tie = Standing(False, False, ("b",), 2), Standing(True, False, ("a",), 2), Standing(False, True, ("b",), 2)
+    f = Follow()
+    assert [f.step(won, True), f.step(won, True)] == [None, None]  # the reports say we lost: the chain rule not
+    assert [f.step(lost, False), f.step(lost, False)] == [None, "look again"]
+    assert Follow.confirm(lost) and not Follow.confirm(won)
+    assert Follow().step(lost, True) == "resync"
+    f = Follow()
+    assert [f.step(tie, False) for _ in range(4)] == [None, None, None, "look again"]
+    f = Follow()
+    assert [f.step(lost, False), f.step(won, False), f.step(lost, False)] == [None, None, None]  # not in a row
 
 
 def test_two_groups_reading_each_other_a_round_apart_reach_the_same_verdict() -> None:

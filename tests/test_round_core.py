@@ -115,6 +115,39 @@ def test_settle_counts_a_report_that_came_after_the_first_count() -> None:
     assert n == 5 and fps != first and fps == pack((s, f"d{s}") for s in "abc")
 
 
+def test_peers_two_rounds_past_the_round_hold_no_deadline_off() -> None:
+    """A peer left behind (after a healed split, or a long stall) is alone in its round: the others are two or
+    more rounds past it and will never announce in it. Counted as live, they kept the deadline from falling
+    (half the live trainers never announced) and it waited out max_wait_s on every round."""
+    c = core()
+    c.step(rc.Members(0.0, rc.View(trainers=frozenset("bcde"), counted=frozenset("bcde"), present=frozenset("bcde"),
+                                   live=frozenset(PEERS), ahead=frozenset("bcde"))))
+    out = c.own_update(0.0, "da")  # the only one live in this round: it has everyone's update, its own
+    assert c.phase == "deciding" and c.collect_why == "everyone" and "PublishReport" in kinds(out)
+    stuck = core()  # the same peer with nobody ahead: it waits for the others' announcements
+    stuck.own_update(0.0, "da")
+    assert stuck.deadline() is None
+
+
+def test_a_round_nobody_on_our_chain_will_report_on_is_given_up() -> None:
+    """Both peers of one side of a healed split sat a round out; the other side reported on its own chain. No
+    report on ours will come: the round is given up two windows past the grace ('passed by'), not waited
+    out to max_wait_s while the others run on."""
+    c = core(me="a", eligible=("a", "b", "c", "d"), sender=False)  # an observer: it sat the round out
+    c.step(rc.Members(0.0, rc.View(trainers=frozenset("bcd"), counted=frozenset("bcd"), present=frozenset("bcd"),
+                                   live=frozenset("abcd"))))
+    c.step(rc.ReportSeen(0.1, rc.Report("b", "seed", abstain=True)))  # its ally sat it out too
+    for w in "cd":  # the other side announced and reported, on its chain
+        c.step(rc.Announced(0.1, w, 0.1))
+        c.step(rc.ReportSeen(0.2, report(w, ["c", "d"], seed="their chain")))
+    assert c.elsewhere == {"c", "d"} and c.reports.keys() == {"b"}
+    c.step(rc.Tick(c.deadline()))  # collecting ends at the deadline: it fetches nothing (an observer here)
+    assert c.phase == "deciding"
+    out = c.step(rc.Tick(c.reported_at + max(P.commit_grace_s, c.window) + rc.POLL_S + c.window))
+    assert [(a.how, a.fps) for a in out if isinstance(a, rc.Decided)] == [("passed by", None)]
+    assert c.decided is not None and c.decided.how == "passed by"
+
+
 @settings(max_examples=200, deadline=None)
 @given(order=st.permutations(list(range(7))), seed=st.integers(0, 3))
 def test_the_same_events_give_the_same_actions(order: list[int], seed: int) -> None:

@@ -9,11 +9,20 @@ What is modelled, and how:
 - The DHT and the streams are one delay per delivery: every record a peer writes reaches each other peer
   ``latency + jitter`` later, and with probability ``late_p`` much later (``late_s``: the DHT hid a stored
   record from one reader for a while, as the real one does); an update is verified once it arrived
-  (``update_bytes / bandwidth`` more). A partition cuts deliveries between groups.
+  (``update_bytes / bandwidth`` more). A reader keeps what reached it (a round re-opened after a re-sync
+  reads the same records again).
+- Member records: every peer publishes the tail of its chain after each round and every heartbeat
+  (``min(10 s, record_ttl_s / 3)``); a peer's view of the swarm (``core.View``: who is live, present, two
+  rounds ahead) is the records it saw within ``record_ttl_s``, re-read at least every heartbeat while a
+  round waits, as the node polls.
+- A partition (``Scenario.partition``) cuts every delivery between its groups from the first announcement
+  of round ``partition_at`` to the first of ``heal_at``: records in flight are lost, the other side's
+  records go stale, and each side trains on as its own swarm.
 - A peer's weights are a hash chain: the hash of round r is the hash of round r - 1 and the set applied.
   After applying round r a peer publishes that hash; the next round it compares its hash of r with the
-  majority of the reports it received and, off it, re-syncs (adopts a majority peer's state after a
-  download time), as the node's chores thread does.
+  majority of the reports it received, groups the tails in its sight by chain (protocol/chain.py), and
+  chain.Follow says whether it leaves its chain: then it adopts the newest state a peer of the winning
+  chain offers, after a download time, as the node's chores thread and Peer._settle_chores do.
 
 Adversaries (``Scenario.liars``): a real core whose outputs a policy rewrites, never a mock.
 - ``censor``: its report lists only its own update (the 'lowid' attacker of the process tests: a witness
@@ -26,10 +35,12 @@ lists) or ``leader`` (the rule before witnesses: the lowest-id witness's report 
 a test shows an attack succeeding without the defence and failing with it.
 
 Safety, checked after every applied round: every honest peer that applied round r on the same chain (the
-same hash of r - 1) applied the same set (else a *violation*: the rules let two honest peers decide apart).
+same hash of r - 1), on the same side of a split, applied the same set (else a *violation*: two honest peers
+decided apart; the two sides of a split train on apart by design, and the heal merges them).
 Censorship, counted at the end: an honest update that every honest peer verified before it reported, yet
-left out of an honest peer's decided set (``kept_out``). Liveness: the rounds it takes after the last
-violation until every honest peer holds one hash.
+left out of an honest peer's decided set (``kept_out``). Liveness (``rounds_to_converge``): the rounds it
+takes after a violation until every honest peer holds one hash, or with a partition, after its heal
+(the newest round a peer adopted a state of, past ``heal_at``); None when the run ends on two hashes.
 """
 
 from __future__ import annotations
@@ -37,16 +48,20 @@ from __future__ import annotations
 import hashlib
 import heapq
 import random
+import re
 import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from gradnode.protocol import chain
 from gradnode.protocol import round as core
 from gradnode.protocol.records import pack, resolve
 
 TAIL = 4  # rounds of its chain a peer publishes (protocol/chain.py)
 FINAL_CHECK_S = 10.0  # after its last round a peer checks that round's hash against the others' this much later
+LINGER_S = 60.0  # then it serves on while others are not on its state, looking at the chains (Peer._linger)
+LOOK_S = 2.0  # how often a lingering peer looks at the chains
 LIAR_KINDS = ("censor", "equivocate", "withhold")  # the adversaries modelled (see the module's docstring)
 
 
@@ -67,6 +82,12 @@ class Scenario:
     params: core.Params = core.Params(min_deadline_s=2.0, max_wait_s=60.0)
     liars: tuple[tuple[int, str], ...] = ()  # (peer index, 'censor' | 'equivocate' | 'withhold')
     rule: str = "witnesses"  # or 'leader': the lowest-id witness's report decides (the rule before witnesses)
+    # a network split: the peers of each group (indices) reach only each other from the first announcement of
+    # round ``partition_at`` until the first of round ``heal_at`` (-1: never healed)
+    partition: tuple[tuple[int, ...], ...] = ()
+    partition_at: int = 0
+    heal_at: int = -1
+    record_ttl_s: float = 30.0  # a member record unseen this long is gone (swarm.record_ttl_s)
 
     def __post_init__(self) -> None:
         for index, kind in self.liars:
@@ -74,6 +95,10 @@ class Scenario:
                 raise ValueError(f"liar {index}:{kind}: a peer 0..{self.peers - 1} and one of {', '.join(LIAR_KINDS)}")
         if self.rule not in ("witnesses", "leader"):
             raise ValueError(f"rule {self.rule!r}: 'witnesses' or 'leader'")
+        cut = [i for g in self.partition for i in g]
+        if self.partition and (len(self.partition) < 2 or len(set(cut)) != len(cut)
+                               or not all(0 <= i < self.peers for i in cut)):
+            raise ValueError(f"partition {self.partition}: two or more groups of distinct peers 0..{self.peers - 1}")
 
 
 @dataclass
@@ -84,7 +109,9 @@ class VPeer:
     hashes: dict[int, str] = field(default_factory=lambda: {-1: "genesis"})
     applied: dict[int, bytes] = field(default_factory=dict)
     cores: dict[int, core.RoundCore] = field(default_factory=dict)
-    inbox: dict[int, list[Any]] = field(default_factory=lambda: defaultdict(list))  # events of rounds not open yet
+    # what the DHT holds for it, by round: every round event delivered to it, replayed into a round's core when
+    # the round opens (a round re-opened after a re-sync reads the same records again, as the node does)
+    records_of: dict[int, list[Any]] = field(default_factory=lambda: defaultdict(list))
     weights: dict[int, dict[str, str]] = field(default_factory=lambda: defaultdict(dict))  # r -> peer -> hash
     waiting: int | None = None  # the round it must apply before announcing the next one
     computed: int = -1  # newest round computed and not yet announced
@@ -93,6 +120,12 @@ class VPeer:
     gen: int = 0  # bumped by a re-sync: the compute in flight is of a round given up
     reported: dict[int, frozenset[str]] = field(default_factory=dict)  # round -> the senders its report listed
     sets: dict[int, frozenset[str]] = field(default_factory=dict)  # round -> the senders of the set it applied
+    records: dict[str, tuple[float, tuple[chain.Link, ...]]] = field(default_factory=dict)  # q -> (seen, its tail)
+    follow: chain.Follow = field(default_factory=chain.Follow)
+    done: bool = False  # its last round is applied and checked: it stops its heartbeat
+
+    def tail(self) -> tuple[chain.Link, ...]:
+        return tuple((k, self.hashes[k]) for k in sorted(self.hashes)[-TAIL:] if k >= 0)
 
 
 class Simulation:
@@ -102,14 +135,19 @@ class Simulation:
         self.peers = {f"p{i:04d}": VPeer(f"p{i:04d}", 1.0, lies.get(i, "")) for i in range(sc.peers)}
         self.now, self.events, self._seq = 0.0, 0, 0
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
-        self.decided: dict[tuple[int, str], bytes] = {}  # (round, chain) -> the first set applied on it
+        self.decided: dict[tuple[int, str, int], bytes] = {}  # (round, chain, side) -> the first set applied on it
         self.violations: list[dict[str, Any]] = []
         self.last_violation = -1
         self.undecided = 0
+        self.waited_out = 0  # honest peer-rounds that collected or decided until max_wait_s
         self.repairs: list[int] = []  # per re-sync: the round adopted minus the round found off the majority
-        self._wakes: dict[tuple[str, int], float] = {}
+        self.adopted: list[int] = []  # per re-sync: the round of the state adopted
+        self._wakes: dict[tuple[str, int, int], float] = {}
         self.stalled = False
         self.per_round: dict[int, dict[str, int]] = defaultdict(lambda: {"applied": 0, "violations": 0, "resyncs": 0})
+        self.group: dict[str, int] | None = None  # peer -> its side while the network is split
+        self.healed = False
+        self.heartbeat_s = min(10.0, sc.record_ttl_s / 3)
 
     # --- the clock ---------------------------------------------------------------------------------
 
@@ -120,6 +158,7 @@ class Simulation:
     def run(self) -> dict[str, Any]:
         t0 = time.perf_counter()
         for p in self.peers.values():
+            self._heartbeat(p)
             self._compute(p, 0)
         limit = self.sc.rounds * 4 * self.sc.params.max_wait_s + 600.0
         while self._heap:
@@ -139,10 +178,42 @@ class Simulation:
             d += self.rng.random() * self.sc.late_s
         return d
 
+    def _linked(self, a: VPeer, b: VPeer) -> bool:
+        return self.group is None or self.group[a.id] == self.group[b.id]
+
     def _broadcast(self, src: VPeer, deliver: Callable[[VPeer, float], None]) -> None:
+        """Every other peer gets it after a delay, unless a split cuts the two apart when it would arrive."""
         for q in self.peers.values():
             if q is not src:
-                self.at(self.now + self._delay(), lambda q=q: deliver(q, self.now))
+                self.at(self.now + self._delay(), lambda q=q: self._linked(src, q) and deliver(q, self.now))
+
+    def _split_or_heal(self, r: int) -> None:
+        """The split falls at the first announcement of round ``partition_at`` and heals at the first of ``heal_at``."""
+        if self.sc.partition and self.group is None and not self.healed and r >= self.sc.partition_at:
+            self.group = {f"p{i:04d}": n for n, g in enumerate(self.sc.partition) for i in g}
+            others = [i for i in range(self.sc.peers) if f"p{i:04d}" not in self.group]
+            self.group.update({f"p{i:04d}": 0 for i in others})  # peers in no group stay with the first
+        elif self.group is not None and 0 <= self.sc.heal_at <= r:
+            self.group, self.healed = None, True
+
+    def _publish_record(self, p: VPeer) -> None:
+        """Its member record (its chain's tail) reaches the others; it holds it itself."""
+        tail = p.tail()
+        p.records[p.id] = (self.now, tail)
+        self._broadcast(p, lambda q, now: q.records.__setitem__(p.id, (now, tail)))
+
+    def _heartbeat(self, p: VPeer) -> None:
+        if p.done:
+            return
+        self._publish_record(p)
+        self.at(self.now + self.heartbeat_s, lambda: self._heartbeat(p))
+
+    def _tails(self, p: VPeer, with_me: bool = True) -> dict[str, tuple[chain.Link, ...]]:
+        """The tails of the member records in p's sight (seen within the records' ttl), its own included."""
+        out = {q: t for q, (seen, t) in p.records.items() if q != p.id and self.now - seen < self.sc.record_ttl_s}
+        if with_me:
+            out[p.id] = p.tail()
+        return out
 
     # --- a peer's rounds ---------------------------------------------------------------------------
 
@@ -172,16 +243,37 @@ class Simulation:
         if r < self.sc.rounds:
             self._announce(p, r)
         else:
-            self.at(self.now + FINAL_CHECK_S, lambda gen=p.gen: gen == p.gen and self._check(p, r - 1))
+            self.at(self.now + FINAL_CHECK_S, lambda gen=p.gen: gen == p.gen and self._final_check(p, r - 1))
+
+    def _final_check(self, p: VPeer, r: int) -> None:
+        """The last round's hash check, then the linger: while a peer in sight is behind or on another chain
+        (up to LINGER_S), look at the chains every LOOK_S and follow the winning one (chain.Follow)."""
+        self._check(p, r, last=True)
+        self._linger(p, r, self.now + LINGER_S, p.gen)
+
+    def _linger(self, p: VPeer, r: int, until: float, gen: int) -> None:
+        if gen != p.gen:  # it re-synced: it runs its rounds again, and checks again at their end
+            return
+        mine = p.tail()
+        waiting = [q for q, t in self._tails(p, with_me=False).items()
+                   if t and (t[-1][0] < r or chain.agree(mine, t) is False)]
+        if not waiting or self.now >= until:
+            p.done = True
+            return
+        self._check(p, r)
+        self.at(self.now + LOOK_S, lambda: self._linger(p, r, until, gen))
 
     def _announce(self, p: VPeer, r: int) -> None:
+        self._split_or_heal(r)
         c = core.RoundCore(self.sc.params, r, p.id, frozenset(), True, p.hashes[r - 1], self.sc.compute_s, self.now)
         p.cores[r] = c
         digest = hashlib.sha256(f"{p.id}/{r}/{p.hashes[r - 1]}".encode()).hexdigest()
         self._act(p, c, c.step(core.Members(self.now, self._view(p, r))))
         self._act(p, c, c.own_update(self.now, digest))
-        for ev in sorted(p.inbox.pop(r, []), key=lambda e: e.now):
+        for ev in sorted(p.records_of.get(r, []), key=lambda e: e.now):
             self._act(p, c, c.step(ev if ev.now >= self.now else _at(ev, self.now)))
+        for old in [k for k in p.records_of if k < r - 2]:
+            del p.records_of[old]
         sent = self.now
         fetch_s = self.sc.update_bytes * 8 / self.sc.bandwidth_bps
 
@@ -195,24 +287,31 @@ class Simulation:
         self._compute(p, r + 1)
 
     def _view(self, p: VPeer, r: int) -> core.View:
-        others = frozenset(q for q in self.peers if q != p.id)
-        return core.View(trainers=others, counted=others, present=others, live=frozenset(self.peers))
+        """What p's member records say: the peers whose record it saw within the ttl (a split hides the others
+        once theirs go stale), and who among them is two rounds past ``r``."""
+        tails = self._tails(p, with_me=False)
+        others = frozenset(tails)
+        ahead = frozenset(q for q, t in tails.items() if t and t[-1][0] + 1 >= r + 2)
+        return core.View(trainers=others, counted=others, present=others, live=others | {p.id}, ahead=ahead)
 
     def _deliver(self, q: VPeer, r: int, ev: Any) -> None:
+        if r >= max(q.cores, default=-1) - 2:
+            q.records_of[r].append(ev)
         c = q.cores.get(r)
-        if c is None:
-            if r > max(q.cores, default=-1):
-                q.inbox[r].append(ev)
-            return
-        self._act(q, c, c.step(ev))
+        if c is not None:
+            self._act(q, c, c.step(ev))
 
     def _act(self, p: VPeer, c: core.RoundCore, actions: list[Any]) -> None:
         for a in actions:
             if isinstance(a, core.PublishReport):
                 p.reported[c.round_] = frozenset(s for s, _ in a.pairs)
+                if self.now - c.start >= self.sc.params.max_wait_s and not p.lie:
+                    self.waited_out += 1  # it collected until max_wait_s: nobody it waited for came
                 self._publish(p, c, a.pairs)
             elif isinstance(a, core.Wake):
-                key, t = (p.id, c.round_), max(a.at, self.now + 1e-3)
+                # the node polls its records while it waits: here at least every heartbeat (a record gone stale,
+                # the other side of a split, changes what the round waits for)
+                key, t = (p.id, c.round_, p.gen), max(min(a.at, self.now + self.heartbeat_s), self.now + 1e-3)
                 if self._wakes.get(key, float("inf")) > t:
                     self._wakes[key] = t
                     self.at(t, lambda c=c, key=key, t=t: self._tick(p, c, key, t))
@@ -221,6 +320,8 @@ class Simulation:
             elif isinstance(a, core.Decided):
                 if a.fps is None:
                     self.undecided += 1
+                if a.how == "max wait" and not p.lie:
+                    self.waited_out += 1
                 if p.waiting == c.round_ and c.round_ not in p.applied:
                     self._apply(p, c.round_)
 
@@ -234,15 +335,15 @@ class Simulation:
 
         self._broadcast(p, lambda q, now, r=c.round_: self._deliver(q, r, core.ReportSeen(now, report(q))))
 
-    def _tick(self, p: VPeer, c: core.RoundCore, key: tuple[str, int], t: float) -> None:
+    def _tick(self, p: VPeer, c: core.RoundCore, key: tuple[str, int, int], t: float) -> None:
         if self._wakes.get(key) == t:
             del self._wakes[key]
-        if c.phase != "decided":
-            self._act(p, c, c.step(core.Tick(self.now)))
+        if c.phase != "decided" and p.cores.get(c.round_) is c:
+            self._act(p, c, c.step(core.Members(self.now, self._view(p, c.round_))))
 
     def _answer(self, p: VPeer, c: core.RoundCore, witnesses: tuple[str, ...]) -> None:
         got = [q.cores[c.round_].reports[q.id] for q in (self.peers[w] for w in witnesses)
-               if c.round_ in q.cores and q.id in q.cores[c.round_].reports and q.cores[c.round_].seed == c.seed]
+               if self._linked(p, q) and c.round_ in q.cores and q.id in q.cores[c.round_].reports and q.cores[c.round_].seed == c.seed]
         if c.phase == "deciding":
             self._act(p, c, c.asked(self.now, got))
 
@@ -256,7 +357,9 @@ class Simulation:
         p.applied[r] = fps
         p.sets[r] = frozenset(s for s, _ in resolve(fps, c.verified.items())[0])
         p.hashes[r] = hashlib.sha256(p.hashes[r - 1].encode() + fps).hexdigest()[:16]
-        key = (r, c.seed)
+        # one chain per side while the network is split: both sides train on, by design (the heal merges them
+        # onto the chain rule's winner); what must never differ is the set two peers of one side apply
+        key = (r, c.seed, self.group[p.id] if self.group is not None else -1)
         first = self.decided.setdefault(key, fps) if not p.lie else fps  # a liar's own decisions prove nothing
         if first != fps:
             self.violations.append({"round": r, "peer": p.id, "chain": c.seed,
@@ -268,27 +371,46 @@ class Simulation:
         h = p.hashes[r]
         self._broadcast(p, lambda q, now, r=r, h=h: q.weights[r].__setitem__(p.id, h))
         p.weights[r][p.id] = h
+        self._publish_record(p)
         self._check(p, r - 1)
         if p.computed == r + 1:
             self._next(p, r + 1)
 
-    def _check(self, p: VPeer, r: int) -> None:
-        """The hash check of round r: off the majority of the weight reports received, re-sync."""
+    def _check(self, p: VPeer, r: int, last: bool = False) -> None:
+        """After applying round r + 1 (or at the end, ``last``): round r's hash against the majority of the
+        weight reports p received, and the chain rule over the member records in its sight; which chain p
+        follows then is chain.Follow's to say, as in the node (Peer._settle_chores, _last_round_off_majority)."""
         votes = p.weights.get(r, {})
-        if r < 0 or len(votes) < 2:
+        off = False
+        if r >= 0 and len(votes) >= 2:
+            counts = Counter(votes.values())
+            top = max(counts.values())
+            best = min((h for h, n in counts.items() if n == top),
+                       key=lambda h: min(q for q, v in votes.items() if v == h))
+            off = best != p.hashes.get(r)
+        st = chain.standing(self._tails(p), p.id)
+        if last:  # nobody publishes a newer tail after the end: the reports alone, unless the chains contradict them
+            act = "resync" if off and (not st.on_winner or st.groups < 2) else None
+        else:
+            act = p.follow.step(st, off)
+        if act == "look again":  # the node reads the records afresh; here they are the same records
+            act = "fork" if chain.Follow.confirm(st) else None
+        if act is not None:
+            self._resync(p, r, st.winners)
+
+    def _resync(self, p: VPeer, r: int, winners: tuple[str, ...]) -> None:
+        """Adopt the newest state a peer of the winning chain offers (one p can reach); none: carry on."""
+        donors = [q for q in (self.peers[w] for w in winners if w != p.id) if self._linked(p, q) and q.applied]
+        if not donors:
             return
-        counts = Counter(votes.values())
-        top = max(counts.values())
-        best = min((h for h, n in counts.items() if n == top), key=lambda h: min(q for q, v in votes.items() if v == h))
-        if best == p.hashes.get(r):
-            return
-        donors = [q for q, v in votes.items() if v == best and q != p.id]
-        donor = self.peers[min(donors)]
+        donor = max(donors, key=lambda q: (max(q.applied), q.id))
         newest = max(donor.applied)
         p.resyncs += 1
         self.repairs.append(newest - r)
+        self.adopted.append(newest)
         self.per_round[r]["resyncs"] += 1
         p.gen += 1
+        was_done, p.done = p.done, False
         p.busy_until = self.now + self.sc.latency_s + self.sc.state_bytes * 8 / self.sc.bandwidth_bps
         p.hashes = {k: h for k, h in donor.hashes.items() if k <= newest}
         p.applied = {k: f for k, f in donor.applied.items() if k <= newest}
@@ -299,7 +421,10 @@ class Simulation:
             h = p.hashes[k]
             p.weights[k][p.id] = h
             self._broadcast(p, lambda q, now, k=k, h=h: q.weights[k].__setitem__(p.id, h))
+        self._publish_record(p)
         self.at(p.busy_until, lambda: self._compute(p, newest + 1))
+        if was_done:  # its heartbeat had stopped at the end of its run
+            self.at(self.now + self.heartbeat_s, lambda: self._heartbeat(p))
 
     # --- the summary -------------------------------------------------------------------------------
 
@@ -320,13 +445,16 @@ class Simulation:
         last = self.sc.rounds - 1
         final = Counter(p.hashes.get(last, "") for p in self.peers.values() if not p.lie)
         liars = {p.id for p in self.peers.values() if p.lie}
-        # liveness: how many rounds past a split's round the last of its peers re-synced onto the majority
-        # (None: the run ended on more than one hash)
+        # liveness: how many rounds past a split's round the last of its peers re-synced onto the majority, or
+        # with a partition, past the heal (None: the run ended on more than one hash)
         converged = max(self.repairs, default=0) if len(final) == 1 and not self.stalled else None
+        if converged is not None and self.sc.partition and self.sc.heal_at >= 0:  # rounds from the heal on
+            converged = max([a - self.sc.heal_at for a in self.adopted] + [0])
         return {"seed": self.sc.seed, "peers": self.sc.peers, "rounds": self.sc.rounds,
                 "violations": self.violations, "splits": len({v["round"] for v in self.violations}),
                 "rounds_to_converge": converged, "final_hashes": len(final),
                 "resyncs": sum(p.resyncs for p in self.peers.values() if not p.lie), "undecided": self.undecided,
+                "waited_out": self.waited_out,
                 "kept_out": self._kept_out(),
                 "liar_rounds": sum(bool(liars & p.sets[r]) for p in self.peers.values() if not p.lie for r in p.sets),
                 "stalled": self.stalled, "per_round": [{"round": r, **self.per_round[r]} for r in sorted(self.per_round)],
@@ -334,15 +462,35 @@ class Simulation:
                 "scenario": {k: v for k, v in asdict(self.sc).items() if k != "params"}}
 
 
+def parse_faults(spec: str | None, peers: int) -> dict[str, Any]:
+    """``--faults`` for ``--virtual``, as ``Scenario`` fields: lying witnesses (KIND:P, KIND one of LIAR_KINDS,
+    P a peer index) and one network split with its heal, in the process simulator's grammar
+    (``partition:0,1|2,3@r3,heal@r12``). ValueError names the item and what to write instead."""
+    from gradnode.node.sim import faults
+
+    items = [x.strip() for x in re.split(r",(?![0-9]+(?:[,|][0-9]+)*@r)", spec or "") if x.strip()]
+    network = [x for x in items if x.startswith(("partition:", "heal@"))]
+    out: dict[str, Any] = {"liars": parse_liars(",".join(x for x in items if x not in network), peers)}
+    events = faults.parse(",".join(network), peers, rounds=1 << 30).events if network else []
+    for e in events:
+        if e.action == "partition" and "partition" in out:
+            raise ValueError("--faults: --virtual models one partition (and its heal) per run")
+        if e.action == "partition":
+            out.update(partition=e.groups, partition_at=e.round)
+        else:
+            out["heal_at"] = e.round
+    return out
+
+
 def parse_liars(spec: str | None, peers: int) -> tuple[tuple[int, str], ...]:
-    """``--faults`` for ``--virtual``: KIND:P items (KIND one of LIAR_KINDS, P a peer index), comma-separated.
-    ValueError names the item and what to write instead."""
+    """The lying witnesses of ``--faults`` for ``--virtual``: KIND:P items, comma-separated."""
     out: list[tuple[int, str]] = []
     for raw in (x.strip() for x in (spec or "").split(",") if x.strip()):
         kind, _, index = raw.partition(":")
         if kind not in LIAR_KINDS or not index.isdigit():
             raise ValueError(f"--faults: {raw!r} is not modelled by --virtual; write KIND:P with KIND one of "
-                             f"{', '.join(LIAR_KINDS)} (the process simulator runs the other faults)")
+                             f"{', '.join(LIAR_KINDS)}, or partition:G|G@rN and heal@rM (the process simulator "
+                             "runs the other faults)")
         if int(index) >= peers or int(index) in dict(out):
             raise ValueError(f"--faults: {raw!r}: peer {index} does not exist or has a fault already "
                              f"(peers are 0..{peers - 1})")
@@ -373,6 +521,11 @@ def print_summary(out: dict[str, Any]) -> None:
     print(f"{'round':>5} {'applied':>8} {'violations':>10} {'resyncs':>8}")
     for row in out["per_round"]:
         print(f"{row['round']:>5} {row['applied']:>8} {row['violations']:>10} {row['resyncs']:>8}")
+    sc = out["scenario"]
+    if sc["partition"]:
+        heal = f"healed at round {sc['heal_at']}" if sc["heal_at"] >= 0 else "never healed"
+        print(f"partition {'|'.join(','.join(map(str, g)) for g in sc['partition'])} from round {sc['partition_at']}, "
+              f"{heal} (each side trains on; the rounds to converge count from the heal)")
     if out["scenario"]["liars"]:
         print(f"liars {', '.join(f'{i}:{k}' for i, k in out['scenario']['liars'])}: honest updates kept out "
               f"{out['kept_out']}; peer-rounds that applied a liar's update {out['liar_rounds']}")

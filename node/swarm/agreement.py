@@ -99,6 +99,7 @@ class Agreement:
         self._mine: Report | None = None
         self._first: dict[str, Report] = {}  # witness -> its first report on our chain seen: it is final
         self._direct: dict[str, Report] = {}  # reports read from their authors, not from the DHT (``ask``)
+        self._elsewhere: set[str] = set()  # witnesses seen reporting on another chain (core.RoundCore.elsewhere)
         self._asked_at = 0.0
 
     # --- reports ----------------------------------------------------------------------------------
@@ -112,6 +113,8 @@ class Agreement:
         if self._mine is not None:
             read.append(self._mine)  # our own, whether or not the DHT read returned it yet
         for p in read:
+            if p.round == self.round and p.seed != self.seed and not p.abstain:
+                self._elsewhere.add(p.witness)
             if p.round != self.round or (p.seed != self.seed and not p.abstain) or p.witness in self.equivocators:
                 continue
             first = self._first.setdefault(p.witness, p)
@@ -178,9 +181,10 @@ class Agreement:
 
     def _absent(self, reports: dict[str, Report]) -> set[str]:
         """Eligible witnesses nobody waits for: gracefully departed, abstaining from this round, caught
-        equivocating, or out of step."""
+        equivocating, out of step, or seen reporting on another chain (its report on ours still counts if one
+        comes)."""
         return self.members.leaving() | {w for w, p in reports.items() if p.abstain} | set(self.equivocators.peers()) \
-            | self._out_of_step()
+            | self._out_of_step() | self._elsewhere
 
     def _out_of_step(self) -> set[str]:
         """Eligible witnesses without a member record in sight, or with one more than four rounds behind this
@@ -190,12 +194,15 @@ class Agreement:
         members = self.members.members()
         return {p for p in self.eligible if p != self.me and (p not in members or members[p].round < self.round - 4)}
 
-    def _passed_by(self) -> bool:
-        """Every other live trainer is two or more rounds past this one (it applied this round on its own
-        chain, or adopted a newer state): nobody will report on it any more, so waiting out max_wait_s
-        would only leave this peer further behind. One peer claiming a far round is not enough: all must."""
-        others = [m for p, m in self.members.members().items() if m.training and p != self.me]
-        return bool(others) and all(m.round >= self.round + 2 for m in others)
+    def _passed_by(self, reports: dict[str, Report]) -> bool:
+        """Nobody will report on this round on our chain any more: every other live trainer is two or more rounds
+        past it (it applied this round on its own chain, or adopted a newer state), sat it out, or reported on
+        another chain; waiting out max_wait_s would only leave this peer further behind (both peers of one side
+        of a healed split sat a round out, the other side's reports were of its own chain, and the pair waited
+        60 s while the others ran on to the end). One peer claiming a far round is not enough: all must."""
+        gone = {w for w, p in reports.items() if p.abstain} | self._elsewhere
+        others = [(p, m) for p, m in self.members.members().items() if m.training and p != self.me]
+        return bool(others) and all(m.round >= self.round + 2 or p in gone for p, m in others)
 
     def _live(self) -> set[str]:
         return {p for p, m in self.members.members().items() if m.training}
@@ -239,8 +246,9 @@ class Agreement:
                                 self.round, len(self.eligible), len(counted))
                     return self._end("live fallback", counted)
                 self.live_fallback = False
-                if self._passed_by():
-                    log.warning("round=%d: every other trainer is past it and nobody reported; giving it up",
+                if self._passed_by(reports):
+                    log.warning("round=%d: every other trainer is past it, sat it out or reported on another "
+                                "chain, and nobody reported on ours; giving it up",
                                 self.round)
                     return self._end("passed by", [])
             if now >= hard_stop:

@@ -36,6 +36,7 @@ class ChainView:
     me: str = ""
     allies: list[str] = field(default_factory=list)  # the other peers following this peer's chain
     tails: dict[str, list[Link]] = field(default_factory=dict)  # the tails it was read from, by peer
+    standing: chain.Standing = chain.Standing(True, False, (), 0)  # what the fork rule reads (chain.Follow)
 
     def allies_since(self, round_: int) -> list[str]:
         """The allies that hold our state of ``round_`` or a later one (their tail and ours agree on a round
@@ -54,12 +55,13 @@ def chain_view(members: dict[str, MemberRecord], me: str, my_tail: list[Link]) -
     trainers = len({p for p, m in members.items() if m.training} | {me})
     if not found:
         return ChainView(trainers=trainers)
+    st = chain.standing(tails, me)
     win = found[0]
     mine = next((g for g in found if me in g), [me])
-    return ChainView(trainers=trainers, groups=len(found), on_winner=me in win or not my_tail,
+    return ChainView(trainers=trainers, groups=len(found), on_winner=st.on_winner,
                      winner_links={link for p in win for link in tails[p]}, winners=win,
                      tie=me not in win and len(mine) == len(win), mine=len(mine),
-                     allies=[p for p in mine if p != me] if my_tail else [], me=me, tails=tails)
+                     allies=[p for p in mine if p != me] if my_tail else [], me=me, tails=tails, standing=st)
 
 
 def write(folder: Path, *, view: ChainView, round_: int, expected: int, waiting: bool) -> None:

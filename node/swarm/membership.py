@@ -230,10 +230,12 @@ class Membership:
         """The other training peers keeping up with ``round_`` (a record of round ``round_ - 1`` or later: a
         silent peer's record stays at its last round; or a sender of the last round, whatever its record
         says: records go out after a round's chores, and in rounds of a fraction of a second they lag two
-        rounds), and those of them that are counted (``counted(announced)``)."""
+        rounds), and those of them that are counted (``counted(announced)``). Not those two or more rounds
+        past it: they will never announce in it (a peer left behind after a healed split waited out
+        max_wait_s on each round for them; protocol/round.py's ``View.ahead``)."""
         counts, sent_last = self.counted(announced), self.counted()
-        trainers = {p for p, m in self.members().items()
-                    if m.training and p != self.identity.peer_id and (m.round >= round_ - 1 or sent_last(p))}
+        trainers = {p for p, m in self.members().items() if m.training and p != self.identity.peer_id
+                    and (m.round >= round_ - 1 or sent_last(p)) and m.round < round_ + 2}
         return trainers, {p for p in trainers if counts(p)}
 
     def round_seconds(self, own: float) -> float:

@@ -57,6 +57,7 @@ if TYPE_CHECKING:  # torch: imported by the training loop only, not by `--help`
 log = logging.getLogger(__name__)
 
 LINGER_S = 60.0  # at most this long a finished peer serves the others that do not hold its state yet
+LOOK_S = 2.0  # how often a lingering peer looks at the chains (chain.Follow acts on two looks in a row)
 HEARTBEAT_S = 10.0  # member record refresh and re-dialling of absent peers, at most this far apart
 DIAL_WINDOW_S = 6 * 3600.0  # address-book peers seen within this are re-dialled while absent
 # blobs served per round (updates, reports spelled out, decided sets, counted reports):
@@ -115,7 +116,7 @@ class Peer:
         self.exporter = Exporter(cfg.metrics, self.gauges, cfg.run.run_id, self.identity.peer_id, _version())
         self.sinks: RoundSinks | None = None
         self.waiting = False  # for peers: before the first round, or alone mid-run
-        self._lost_forks = 0  # consecutive looks that found this peer off the winning chain
+        self.follow = chain.Follow()  # when this peer leaves its chain for the winning one
         # draws the rows of this witness's loss checks: no sender can tune an update to them
         self.secret = int.from_bytes(os.urandom(8), "big")
         self._judging = threading.Lock()  # the loss check (_judge): one shadow model for every round
@@ -484,33 +485,30 @@ class Peer:
         if found.chains is not None:
             self.chains = found.chains
         # a round before our last re-sync was checked on weights we have replaced since: nothing to repair
-        if found.mismatch is not None and found.mismatch >= self.history.trusted_from:
-            log.warning("weight hash of round=%d differs from the majority: re-syncing", found.mismatch)
+        off = found.mismatch is not None and found.mismatch >= self.history.trusted_from
+        act = self.follow.step(self.chains.standing, off)
+        if off and act is None:
+            log.info("weight hash of round=%d differs from the majority, but this peer's chain wins by the "
+                     "chain rule (%d of %d trainers): staying", found.mismatch, self.chains.mine, self.chains.trainers)
+        if act == "resync":
+            log.warning("weight hash of round=%d differs from the majority and this peer is off the winning "
+                        "chain: re-syncing", found.mismatch)
             self._sync_state(reason="hash mismatch", force=True)
-        elif found.chains is not None:
-            self._follow_winning_chain(found.chains)
+        elif act == "look again":
+            self._follow_winning_chain()
 
-    def _follow_winning_chain(self, chains: health.ChainView) -> None:
-        """Off the chain most live trainers follow: adopt a state of that chain. Our unsent progress carries
-        over; the losing chain's rounds since the split are lost. One look may race a round, so this acts
-        after 2 looks in a row; and after 4 when this peer is alone on its chain and loses only by the
-        lowest-id rule (a 1-1 tie: one record of a 2-1 majority looking stale for a moment makes one, and
-        an honest peer must not follow a drifted one there)."""
-        self._lost_forks = 0 if chains.on_winner else self._lost_forks + 1
-        if self._lost_forks < (4 if chains.tie and chains.mine == 1 else 2):
-            return
-        # the chores' look is a round old: while the others merge (re-syncing onto one chain) it can show
-        # a winner that has just given its chain up; a fork sync towards it then found no offer and stalled
+    def _follow_winning_chain(self) -> bool:
+        """Off the chain most live trainers follow in enough looks in a row (chain.Follow): look again on fresh
+        records (the chores' look is a round old: while the others merge it can show a winner that has just
+        given its chain up, and a fork sync towards it found no offer and stalled) and, still off it, adopt a
+        state of that chain. Our unsent progress carries over; the losing chain's rounds since the split are
+        lost."""
         chains = self._look_at_chains()
-        if chains.on_winner:
-            self._lost_forks = 0
-            return
+        if not self.follow.confirm(chains.standing):
+            return False
         log.warning("this peer follows another chain than %d of %d trainers: adopting theirs", len(chains.winners),
                     chains.trainers)
-        if self._sync_state(reason="fork", force=True, links=chains.winner_links):
-            self._lost_forks = 0
-        else:  # nobody offers the winner's state (it moved on): look again from scratch
-            self._lost_forks = 0
+        return self._sync_state(reason="fork", force=True, links=chains.winner_links)
 
     def _sync_state(self, reason: str, force: bool = False, links: set[Link] | None = None) -> bool:
         before = self.engine.round
@@ -582,7 +580,10 @@ class Peer:
             if len({w.peer for w in reports} & others) > len(others) // 2:
                 break
             time.sleep(0.5)
-        if not off_majority(reports, mine, self._look_at_chains(), last):
+        chains = self._look_at_chains()
+        # the chain rule decides here too (chain.Follow), but nobody publishes a newer tail after the end: a
+        # drift in the last round shows in the reports alone while every tail in sight is of one chain
+        if not off_majority(reports, mine, chains, last) or (chains.on_winner and chains.groups > 1):
             return False
         log.warning("weight hash of the last round=%d differs from the majority: re-syncing", last)
         synced = self._sync_state(reason="last round", force=True)
@@ -683,10 +684,20 @@ class Peer:
         at once left it alone on its hash: its re-sync found no state offer (seen in CI: 2 of 5 peers)."""
         t0, me, waiting, shown = time.monotonic(), self.identity.peer_id, [], []
         behind_until, forked_until = t0 + min(self.sw.max_wait_s, 30.0), t0 + min(self.sw.max_wait_s, LINGER_S)
+        next_look = t0 + LOOK_S
         while not self.stop.is_set():
             now = time.monotonic()
             if now >= forked_until:
                 break
+            # the run is over here, not for the chain rule: while others are off our state, a look at the chains
+            # every LOOK_S, and off the winning one in two looks in a row, its state (a peer whose last check came
+            # before the others settled on the other side of a merge ended the run alone on its hash; found by
+            # the simulator, node/sim/virtual.py's linger)
+            if now >= next_look and waiting:
+                next_look = now + LOOK_S
+                if self.follow.step(self._look_at_chains().standing, False) == "look again" and \
+                        self._follow_winning_chain():
+                    self._publish_member(training=True)  # the others see our new chain at once
             votes = self.membership.votes()
             others = {p: m for p, m in self.membership.fresh(max_age=0).items() if m.training and p != me}
             rounds = {p: m.round for p, m in others.items()} if now < behind_until else {}

@@ -45,19 +45,20 @@ def newest_common(a: Sequence[Link], b: Sequence[Link]) -> int:
     return max((r for r, h in b if left.get(r) == h), default=-1)
 
 
-def groups(tails: Mapping[str, Sequence[Link]]) -> list[list[str]]:
-    """Peers grouped by chain, each group sorted, the winning group first (see the module docstring).
-
-    Agreeing peers are joined transitively, except through a peer that agrees with two peers that disagree
-    with each other: a laggard whose tail holds only rounds from before a fork. It stands alone. Joined, it
-    made the two sides one chain, which hid the fork from everyone, and nobody left the losing side (found
-    by the simulator); given to either side, its vote would decide between them."""
+def split(tails: Mapping[str, Sequence[Link]]) -> tuple[list[list[str]], list[str]]:
+    """The peers that can tell which chain they follow, grouped by chain (each group sorted, the largest first,
+    a tie to the group holding the lowest id), and the ones that cannot yet (sorted): a peer whose tail agrees
+    with two tails that disagree with each other, a laggard holding only rounds from before a fork (records
+    lag a round or two, so honest ones are common). Such a peer is in no group: joined transitively it made
+    the two sides one chain, which hid the fork from everyone (found by the simulator); standing alone it made
+    a group of its own that could win, and a key publishing a made-up newer round split one honest chain
+    into the peers a round behind and the ones ahead (found in review)."""
     distinct = sorted({tuple(t) for t in tails.values()})  # peers of one chain mostly publish the same tail
     n = len(distinct)
     verdict = {(i, j): agree(distinct[i], distinct[j]) for i in range(n) for j in range(i + 1, n)}
-    agrees = {i: {j for j in range(n) if j != i and verdict[min(i, j), max(i, j)]} for i in range(n)}
+    agrees = {i: [j for j in range(n) if j != i and verdict[min(i, j), max(i, j)]] for i in range(n)}
     ambiguous = {i for i in range(n) if any(verdict[min(j, k), max(j, k)] is False
-                                            for j in agrees[i] for k in agrees[i] if j < k)}
+                                            for a, j in enumerate(agrees[i]) for k in agrees[i][a + 1:])}
     parent = list(range(n))
 
     def root(i: int) -> int:
@@ -72,15 +73,36 @@ def groups(tails: Mapping[str, Sequence[Link]]) -> list[list[str]]:
             parent[max(ri, rj)] = min(ri, rj)
     index = {t: i for i, t in enumerate(distinct)}
     found: dict[int, list[str]] = {}
+    unsure = []
     for peer in sorted(tails):
-        found.setdefault(root(index[tuple(tails[peer])]), []).append(peer)
-    return sorted(found.values(), key=lambda g: (-len(g), g[0]))
+        i = index[tuple(tails[peer])]
+        if i in ambiguous:
+            unsure.append(peer)
+        else:
+            found.setdefault(root(i), []).append(peer)
+    return sorted(found.values(), key=lambda g: (-len(g), g[0])), unsure
+
+
+def groups(tails: Mapping[str, Sequence[Link]]) -> list[list[str]]:
+    """Peers grouped by chain, the winning group first (``split``); the peers that cannot tell yet last, one
+    per group."""
+    found, unsure = split(tails)
+    return found + [[p] for p in unsure]
+
+
+def decided(found: Sequence[Sequence[str]], unsure: Sequence[str]) -> bool:
+    """The largest group wins only by more than the peers that cannot tell yet: they could all turn out to be
+    on the runner-up's chain (with none of them, a tie goes to the lowest id, as always). Undecided, nobody
+    leaves its chain this look; the laggards publish a newer round within a round or two."""
+    if not found or not unsure:
+        return True
+    return len(found[0]) - (len(found[1]) if len(found) > 1 else 0) > len(unsure)
 
 
 def winner(tails: Mapping[str, Sequence[Link]]) -> list[str]:
-    """The peers of the winning chain ([] when nobody published a tail)."""
-    found = groups({p: t for p, t in tails.items() if t})
-    return found[0] if found else []
+    """The peers of the winning chain ([] when nobody published a tail, or no verdict stands yet)."""
+    found, unsure = split({p: t for p, t in tails.items() if t})
+    return found[0] if found and decided(found, unsure) else []
 
 
 def unsettled(mine: Sequence[Link], others: Mapping[str, Sequence[Link]], my_round: int,
@@ -104,18 +126,17 @@ class Standing:
 
 
 def standing(tails: Mapping[str, Sequence[Link]], me: str) -> Standing:
-    """``me``'s standing by the chain rule (``groups``). A peer with no tail yet follows whatever wins; so does
-    one that stands alone only because it agrees with both sides of a fork (a round or more behind both): it
-    cannot tell yet, and a key publishing a made-up newer round would otherwise push every honest peer a
-    round behind off its own chain, into a state download each time."""
-    found = groups({p: t for p, t in tails.items() if t})
+    """``me``'s standing by the chain rule. On the winning chain: in its group, or with no tail yet, or unable
+    to tell yet while agreeing with it (a round or more behind), or while no verdict stands (``decided``)."""
+    found, unsure = split({p: t for p, t in tails.items() if t})
     if not found:
-        return Standing(True, False, (), 0)
-    win = found[0]
+        return Standing(True, False, (), len(unsure))
+    win, own = found[0], tails.get(me)
+    if not decided(found, unsure):
+        return Standing(True, False, tuple(win), len(found) + len(unsure))
     mine = next((g for g in found if me in g), [me])
-    own = tails.get(me)
-    on = me in win or not own or (len(mine) == 1 and any(agree(own, tails[w]) for w in win))
-    return Standing(on, not on and len(mine) == 1 and len(win) == 1, tuple(win), len(found))
+    on = me in win or not own or (me in unsure and any(agree(own, tails[w]) for w in win))
+    return Standing(on, not on and len(mine) == 1 and len(win) == 1, tuple(win), len(found) + len(unsure))
 
 
 @dataclass

@@ -280,7 +280,9 @@ class RoundCore:
         """The trainers the round waits for, and those of them that anchor the deadline: not those two or more
         rounds past it (they applied it, or adopted a newer state, and will never announce in it: a peer left
         behind after a healed split waited out max_wait_s on every round for their announcements)."""
-        gone_past = set(self.view.ahead)
+        # a key that announced in this round is in it, whatever its record claims (else a far claim plus an
+        # announcement would anchor the deadline without being waited for)
+        gone_past = set(self.view.ahead) - set(self.first_seen)
         trainers = set(self.view.trainers) - gone_past
         live = (set(self.view.counted) - gone_past) | ({self.me} if self.sender else set())
         if not live <= set(self.verified):

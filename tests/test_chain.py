@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 from gradnode.node.swarm.addressbook import MAX_ENTRIES, AddressBook, with_peer_id
-from gradnode.protocol.chain import Follow, Standing, agree, groups, standing, unsettled, winner
+from gradnode.protocol.chain import Follow, Standing, agree, groups, split, standing, unsettled, winner
 
 
 def tail(prefix: str, newest: int, n: int = 4) -> list[tuple[int, str]]:
@@ -40,25 +40,42 @@ def test_a_tie_goes_to_the_group_with_the_lowest_peer_id_and_a_laggard_stands_al
     assert winner({"x": []}) == [] and winner({}) == []
 
 
-def test_a_laggard_from_before_a_fork_never_bridges_its_two_sides() -> None:
+def test_a_laggard_from_before_a_fork_never_bridges_its_two_sides_nor_decides_between_them() -> None:
     """A peer whose newest published rounds predate a fork agrees with both sides of it. Grouped transitively,
     it made the two sides one chain: nobody saw the fork, and nobody left the losing side (found by the
     simulator: a peer stuck rounds behind, its record still fresh, hid a split for the rest of the run). It
-    stands alone: on either side its vote would decide the fork."""
+    is in no group; and while such peers could still tip the count, no verdict stands."""
     forked = lambda side: [(8, "aa0000008"), (9, f"{side}000009"), (10, f"{side}00000a")]  # noqa: E731
-    tails = {"a1": forked("x"), "a2": forked("x"), "b1": forked("y"), "b2": forked("y"), "b3": forked("y"),
-             "lag": [(6, "aa0000006"), (7, "aa0000007"), (8, "aa0000008")]}
-    assert groups(tails) == [["b1", "b2", "b3"], ["a1", "a2"], ["lag"]]  # it would make a 3-3 tie either way
-    # who stands where: the pair loses to the three, the three win; the laggard cannot tell yet, and stays
-    assert standing(tails, "a1") == Standing(False, False, ("b1", "b2", "b3"), 3)
-    assert standing(tails, "lag").on_winner
-    # a key publishing a made-up newer round makes an honest peer a round behind agree with both: it counts
-    # for nobody then, but it is not pushed off its own chain into a state download
-    honest = {"h1": forked("x"), "h2": forked("x")[:2], "h3": forked("x")}
-    made_up = {**honest, "key": [(8, "aa0000008"), (9, "x000009"), (10, "zz")]}
-    assert groups(made_up) == [["h1", "h3"], ["h2"], ["key"]]
-    assert standing(honest, "h2").on_winner and standing(made_up, "h2").on_winner
-    assert standing(tails, "b2").on_winner and standing({"me": []}, "me").on_winner
+    lag = [(6, "aa0000006"), (7, "aa0000007"), (8, "aa0000008")]
+    tails = {"a1": forked("x"), "a2": forked("x"), "b1": forked("y"), "b2": forked("y"), "b3": forked("y"), "lag": lag}
+    assert split(tails) == ([["b1", "b2", "b3"], ["a1", "a2"]], ["lag"])
+    assert groups(tails) == [["b1", "b2", "b3"], ["a1", "a2"], ["lag"]]
+    # 3 to 2 with one peer that cannot tell: it could make 3-3, so nobody moves yet
+    assert standing(tails, "a1").on_winner and winner(tails) == []
+    # a round later it has told: 4 to 2, the pair loses, the laggard is on the winning chain
+    tails["lag"] = forked("y")
+    assert standing(tails, "a1") == Standing(False, False, ("b1", "b2", "b3", "lag"), 2)
+    assert standing(tails, "lag").on_winner and winner(tails) == ["b1", "b2", "b3", "lag"]
+    # without the laggard the verdict stands at once
+    del tails["lag"]
+    assert not standing(tails, "a2").on_winner and standing(tails, "b2").on_winner
+
+
+def test_records_a_round_behind_and_a_made_up_round_split_no_honest_chain() -> None:
+    """Records lag: two honest peers published round 10, three still show round 9. A key publishing round 10
+    with a made-up hash makes the three agree with two tails that disagree. Given a group of their own, they
+    outnumbered the two ahead, which then rolled back a round by a state download (found in review); the
+    same came of an honest drifted peer. They count for nobody until they publish round 10."""
+    a = [(8, "aa0000008"), (9, "aa0000009"), (10, "aa000000a")]
+    behind = a[:2]
+    tails = {"p1": a, "p2": a, "p3": behind, "p4": behind, "p5": behind, "key": a[:2] + [(10, "made-up")]}
+    assert split(tails) == ([["p1", "p2"], ["key"]], ["p3", "p4", "p5"])
+    assert all(standing(tails, p).on_winner for p in ("p1", "p2", "p3", "p4", "p5"))
+    # a drifted honest peer instead of the key: nobody moves until the three tell, then the drifted one does
+    tails["key"] = a[:2] + [(10, "drifted")]
+    assert all(standing(tails, p).on_winner for p in tails)
+    tails.update(p3=a, p4=a, p5=a)
+    assert not standing(tails, "key").on_winner and all(standing(tails, p).on_winner for p in ("p1", "p3"))
 
 
 def test_the_chain_rule_decides_and_the_reports_only_hasten_it() -> None:

@@ -127,6 +127,14 @@ def test_peers_two_rounds_past_the_round_hold_no_deadline_off() -> None:
     stuck = core()  # the same peer with nobody ahead: it waits for the others' announcements
     stuck.own_update(0.0, "da")
     assert stuck.deadline() is None
+    # a key whose record claims a far round but that announced here is in the round: it anchors the deadline
+    # only as one that is waited for (found in review: a far claim plus an announcement pulled deadlines in)
+    lied = core()
+    lied.step(rc.Members(0.0, rc.View(trainers=frozenset("bcde"), counted=frozenset("bcde"), present=frozenset("bcde"),
+                                      live=frozenset(PEERS), ahead=frozenset("b"))))
+    lied.step(rc.Announced(0.0, "b", 0.0))
+    lied.own_update(0.1, "da")
+    assert lied._live()[1] == set(PEERS) and lied.deadline() is None  # 2 of 5 announced: no anchor yet
 
 
 def test_a_round_nobody_on_our_chain_will_report_on_is_given_up() -> None:

@@ -260,7 +260,7 @@ class Simulation:
         if not waiting or self.now >= until:
             p.done = True
             return
-        self._check(p, r)
+        self._check(p, r, lingering=True)
         self.at(self.now + LOOK_S, lambda: self._linger(p, r, until, gen))
 
     def _announce(self, p: VPeer, r: int) -> None:
@@ -376,7 +376,7 @@ class Simulation:
         if p.computed == r + 1:
             self._next(p, r + 1)
 
-    def _check(self, p: VPeer, r: int, last: bool = False) -> None:
+    def _check(self, p: VPeer, r: int, last: bool = False, lingering: bool = False) -> None:
         """After applying round r + 1 (or at the end, ``last``): round r's hash against the majority of the
         weight reports p received, and the chain rule over the member records in its sight; which chain p
         follows then is chain.Follow's to say, as in the node (Peer._settle_chores, _last_round_off_majority)."""
@@ -387,7 +387,7 @@ class Simulation:
             top = max(counts.values())
             best = min((h for h, n in counts.items() if n == top),
                        key=lambda h: min(q for q, v in votes.items() if v == h))
-            off = best != p.hashes.get(r)
+            off = best != p.hashes.get(r) and not lingering  # the node's linger looks at the chains only
         st = chain.standing(self._tails(p), p.id)
         if last:  # nobody publishes a newer tail after the end: the reports alone, unless the chains contradict them
             act = "resync" if off and (not st.on_winner or st.groups < 2) else None

@@ -201,7 +201,9 @@ class Agreement:
         of a healed split sat a round out, the other side's reports were of its own chain, and the pair waited
         60 s while the others ran on to the end). One peer claiming a far round is not enough: all must."""
         gone = {w for w, p in reports.items() if p.abstain} | self._elsewhere
-        others = [(p, m) for p, m in self.members.members().items() if m.training and p != self.me]
+        votes = self.members.votes()  # a key that never contributed holds nothing open (one fresh 'training'
+        others = [(p, m) for p, m in self.members.members().items()  # record kept the laggards waiting)
+                  if m.training and p != self.me and votes(p)]
         return bool(others) and all(m.round >= self.round + 2 or p in gone for p, m in others)
 
     def _live(self) -> set[str]:

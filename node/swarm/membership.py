@@ -232,10 +232,13 @@ class Membership:
         says: records go out after a round's chores, and in rounds of a fraction of a second they lag two
         rounds), and those of them that are counted (``counted(announced)``). Not those two or more rounds
         past it: they will never announce in it (a peer left behind after a healed split waited out
-        max_wait_s on each round for them; protocol/round.py's ``View.ahead``)."""
-        counts, sent_last = self.counted(announced), self.counted()
+        max_wait_s on each round for them; protocol/round.py's ``View.ahead``), unless they did (a key
+        claiming a far round while announcing here would otherwise anchor the deadline without being
+        waited for)."""
+        here = set(announced)  # a key that announced in this round is in it, whatever its record claims
+        counts, sent_last = self.counted(here), self.counted()
         trainers = {p for p, m in self.members().items() if m.training and p != self.identity.peer_id
-                    and (m.round >= round_ - 1 or sent_last(p)) and m.round < round_ + 2}
+                    and (m.round >= round_ - 1 or sent_last(p)) and (m.round < round_ + 2 or p in here)}
         return trainers, {p for p in trainers if counts(p)}
 
     def round_seconds(self, own: float) -> float:

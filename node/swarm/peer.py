@@ -513,6 +513,8 @@ class Peer:
     def _sync_state(self, reason: str, force: bool = False, links: set[Link] | None = None) -> bool:
         before = self.engine.round
         adopted = self.sync.level(reason, force, links)
+        if adopted:
+            self.follow.lost = 0  # looks before a new state say nothing about it
         if adopted and self.engine.round < before:  # a chain given up: its newer checkpoints and blobs are moot
             from gradnode.node.train import checkpoint
 
@@ -581,9 +583,12 @@ class Peer:
                 break
             time.sleep(0.5)
         chains = self._look_at_chains()
-        # the chain rule decides here too (chain.Follow), but nobody publishes a newer tail after the end: a
-        # drift in the last round shows in the reports alone while every tail in sight is of one chain
-        if not off_majority(reports, mine, chains, last) or (chains.on_winner and chains.groups > 1):
+        # nobody publishes a newer tail after the end: a drift in the last round shows in the reports alone. They
+        # are followed unless the chain rule says ours wins over the chain the majority's hash is on (a tail
+        # that disagrees with everyone, one key's, must not switch this repair off)
+        majority = off_majority(reports, mine, chains, last)
+        if majority is None or (chains.on_winner and chains.groups > 1 and (last, majority) not in chains.winner_links
+                                and any((last, majority) in set(map(tuple, t)) for t in chains.tails.values())):
             return False
         log.warning("weight hash of the last round=%d differs from the majority: re-syncing", last)
         synced = self._sync_state(reason="last round", force=True)

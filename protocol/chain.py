@@ -123,6 +123,7 @@ class Standing:
     tie_alone: bool
     winners: tuple[str, ...]
     groups: int
+    tie: bool = False  # off the winning chain only by the lowest-id rule (as many peers on ours)
 
 
 def standing(tails: Mapping[str, Sequence[Link]], me: str) -> Standing:
@@ -136,7 +137,8 @@ def standing(tails: Mapping[str, Sequence[Link]], me: str) -> Standing:
         return Standing(True, False, tuple(win), len(found) + len(unsure))
     mine = next((g for g in found if me in g), [me])
     on = me in win or not own or (me in unsure and any(agree(own, tails[w]) for w in win))
-    return Standing(on, not on and len(mine) == 1 and len(win) == 1, tuple(win), len(found) + len(unsure))
+    tie = not on and len(mine) == len(win)
+    return Standing(on, tie and len(win) == 1, tuple(win), len(found) + len(unsure), tie)
 
 
 @dataclass

@@ -51,7 +51,7 @@ import random
 import re
 import time
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
 from gradnode.protocol import chain
@@ -62,6 +62,7 @@ TAIL = 4  # rounds of its chain a peer publishes (protocol/chain.py)
 FINAL_CHECK_S = 10.0  # after its last round a peer checks that round's hash against the others' this much later
 LINGER_S = 60.0  # then it serves on while others are not on its state, looking at the chains (Peer._linger)
 LOOK_S = 2.0  # how often a lingering peer looks at the chains
+FORK_SYNC_S = 10.0  # how long a peer off the winning chain looks for its state offer (node/swarm/sync.py)
 LIAR_KINDS = ("censor", "equivocate", "withhold")  # the adversaries modelled (see the module's docstring)
 
 
@@ -120,9 +121,12 @@ class VPeer:
     gen: int = 0  # bumped by a re-sync: the compute in flight is of a round given up
     reported: dict[int, frozenset[str]] = field(default_factory=dict)  # round -> the senders its report listed
     sets: dict[int, frozenset[str]] = field(default_factory=dict)  # round -> the senders of the set it applied
-    records: dict[str, tuple[float, tuple[chain.Link, ...]]] = field(default_factory=dict)  # q -> (seen, its tail)
+    # q -> (when seen, its tail, the state it offers: its hashes and applied sets up to its newest round)
+    records: dict[str, tuple[float, tuple[chain.Link, ...], Any]] = field(default_factory=dict)
+    offer: Any = None  # the state it offers now (one snapshot shared by its readers), rebuilt when it changes
     follow: chain.Follow = field(default_factory=chain.Follow)
     done: bool = False  # its last round is applied and checked: it stops its heartbeat
+    final_gen: int = -1  # the state (gen) whose last round's check is scheduled
 
     def tail(self) -> tuple[chain.Link, ...]:
         return tuple((k, self.hashes[k]) for k in sorted(self.hashes)[-TAIL:] if k >= 0)
@@ -140,6 +144,7 @@ class Simulation:
         self.last_violation = -1
         self.undecided = 0
         self.waited_out = 0  # honest peer-rounds that collected or decided until max_wait_s
+        self.no_offer = 0  # re-syncs that found no state offer on the winning chain (the peer stalled, then went on)
         self.repairs: list[int] = []  # per re-sync: the round adopted minus the round found off the majority
         self.adopted: list[int] = []  # per re-sync: the round of the state adopted
         self._wakes: dict[tuple[str, int, int], float] = {}
@@ -197,10 +202,13 @@ class Simulation:
             self.group, self.healed = None, True
 
     def _publish_record(self, p: VPeer) -> None:
-        """Its member record (its chain's tail) reaches the others; it holds it itself."""
+        """Its member record (its chain's tail) and its state offer reach the others; it holds them itself."""
         tail = p.tail()
-        p.records[p.id] = (self.now, tail)
-        self._broadcast(p, lambda q, now: q.records.__setitem__(p.id, (now, tail)))
+        if p.offer is None or p.offer[0] != tail:
+            p.offer = (tail, dict(p.hashes), dict(p.applied))
+        record = (tail, p.offer)
+        p.records[p.id] = (self.now, *record)
+        self._broadcast(p, lambda q, now: q.records.__setitem__(p.id, (now, *record)))
 
     def _heartbeat(self, p: VPeer) -> None:
         if p.done:
@@ -210,7 +218,7 @@ class Simulation:
 
     def _tails(self, p: VPeer, with_me: bool = True) -> dict[str, tuple[chain.Link, ...]]:
         """The tails of the member records in p's sight (seen within the records' ttl), its own included."""
-        out = {q: t for q, (seen, t) in p.records.items() if q != p.id and self.now - seen < self.sc.record_ttl_s}
+        out = {q: t for q, (seen, t, _) in p.records.items() if q != p.id and self.now - seen < self.sc.record_ttl_s}
         if with_me:
             out[p.id] = p.tail()
         return out
@@ -227,6 +235,9 @@ class Simulation:
     def _computed(self, p: VPeer, r: int, gen: int) -> None:
         if gen != p.gen:
             return
+        if p.busy_until > self.now:  # its main loop is looking for a state offer: the round waits for it
+            self.at(p.busy_until, lambda: self._computed(p, r, gen))
+            return
         p.computed = r
         if r > 0 and (r - 1) not in p.applied:
             before = p.cores.get(r - 1)
@@ -242,7 +253,8 @@ class Simulation:
         others reported it (the node waits up to 10 s; the finished peers keep serving, Peer._linger)."""
         if r < self.sc.rounds:
             self._announce(p, r)
-        else:
+        elif p.final_gen != p.gen:  # once per state: the drain and the last apply can both get here
+            p.final_gen = p.gen
             self.at(self.now + FINAL_CHECK_S, lambda gen=p.gen: gen == p.gen and self._final_check(p, r - 1))
 
     def _final_check(self, p: VPeer, r: int) -> None:
@@ -374,7 +386,10 @@ class Simulation:
         self._publish_record(p)
         self._check(p, r - 1)
         if p.computed == r + 1:
-            self._next(p, r + 1)
+            if p.busy_until > self.now:  # it looked for a state offer and found none: it carries on after
+                self.at(p.busy_until, lambda gen=p.gen: gen == p.gen and self._next(p, r + 1))
+            else:
+                self._next(p, r + 1)
 
     def _check(self, p: VPeer, r: int, last: bool = False, lingering: bool = False) -> None:
         """After applying round r + 1 (or at the end, ``last``): round r's hash against the majority of the
@@ -389,6 +404,8 @@ class Simulation:
                        key=lambda h: min(q for q, v in votes.items() if v == h))
             off = best != p.hashes.get(r) and not lingering  # the node's linger looks at the chains only
         st = chain.standing(self._tails(p), p.id)
+        if lingering and st.tie:  # a tie is no majority that settled elsewhere (Peer._linger)
+            st = replace(st, on_winner=True)
         if last:  # nobody publishes a newer tail after the end: the reports alone, unless the chains contradict them
             act = "resync" if off and (not st.on_winner or st.groups < 2) else None
         else:
@@ -396,15 +413,24 @@ class Simulation:
         if act == "look again":  # the node reads the records afresh; here they are the same records
             act = "fork" if chain.Follow.confirm(st) else None
         if act is not None:
-            self._resync(p, r, st.winners)
+            self._resync(p, r, st.winners, fork=act == "fork")
 
-    def _resync(self, p: VPeer, r: int, winners: tuple[str, ...]) -> None:
-        """Adopt the newest state a peer of the winning chain offers (one p can reach); none: carry on."""
-        donors = [q for q in (self.peers[w] for w in winners if w != p.id) if self._linked(p, q) and q.applied]
-        if not donors:
+    def _resync(self, p: VPeer, r: int, winners: tuple[str, ...], fork: bool) -> None:
+        """Adopt the newest state offered in p's sight on the winning chain (an offer whose newest link the
+        winners' tails list, from a peer p can reach now; a tie to the lowest id), as statesync.newest_offers.
+        None: p's main loop looks for one for FORK_SYNC_S (a fork) or max_wait_s (a hash mismatch), as the
+        node's does, then carries on with its own state."""
+        tails = self._tails(p, with_me=False)
+        links = {link for w in winners for link in tails.get(w, ())}
+        offers = [(-t[-1][0], q, offer) for q, (seen, t, offer) in p.records.items()
+                  if q != p.id and t and self.now - seen < self.sc.record_ttl_s and t[-1] in links
+                  and self._linked(p, self.peers[q])]
+        if not offers:
+            self.no_offer += 1
+            p.busy_until = max(p.busy_until, self.now + (FORK_SYNC_S if fork else self.sc.params.max_wait_s))
             return
-        donor = max(donors, key=lambda q: (max(q.applied), q.id))
-        newest = max(donor.applied)
+        _, _, (tail, hashes, applied) = min(offers, key=lambda o: o[:2])
+        newest = tail[-1][0]
         p.resyncs += 1
         self.repairs.append(newest - r)
         self.adopted.append(newest)
@@ -412,8 +438,8 @@ class Simulation:
         p.gen += 1
         was_done, p.done = p.done, False
         p.busy_until = self.now + self.sc.latency_s + self.sc.state_bytes * 8 / self.sc.bandwidth_bps
-        p.hashes = {k: h for k, h in donor.hashes.items() if k <= newest}
-        p.applied = {k: f for k, f in donor.applied.items() if k <= newest}
+        p.hashes = {k: h for k, h in hashes.items() if k <= newest}
+        p.applied = {k: f for k, f in applied.items() if k <= newest}
         p.waiting, p.computed = None, -1
         # what it holds now, it says (the node's member record publishes its chain's tail, and a report of a
         # chain left since counts for the one followed now: chores.off_majority)
@@ -454,7 +480,7 @@ class Simulation:
                 "violations": self.violations, "splits": len({v["round"] for v in self.violations}),
                 "rounds_to_converge": converged, "final_hashes": len(final),
                 "resyncs": sum(p.resyncs for p in self.peers.values() if not p.lie), "undecided": self.undecided,
-                "waited_out": self.waited_out,
+                "waited_out": self.waited_out, "no_offer": self.no_offer,
                 "kept_out": self._kept_out(),
                 "liar_rounds": sum(bool(liars & p.sets[r]) for p in self.peers.values() if not p.lie for r in p.sets),
                 "stalled": self.stalled, "per_round": [{"round": r, **self.per_round[r]} for r in sorted(self.per_round)],

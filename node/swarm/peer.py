@@ -28,6 +28,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -700,8 +701,12 @@ class Peer:
             # the simulator, node/sim/virtual.py's linger)
             if now >= next_look and waiting:
                 next_look = now + LOOK_S
-                if self.follow.step(self._look_at_chains().standing, False) == "look again" and \
-                        self._follow_winning_chain():
+                # a chain that wins only by the lowest-id rule is no majority that settled elsewhere: at the end
+                # of a run those who agree with us may have left already (a finished honest peer, alone with a
+                # censor in sight, followed it)
+                st = self._look_at_chains().standing
+                if self.follow.step(st if not st.tie else replace(st, on_winner=True), False) == "look again" \
+                        and self._follow_winning_chain():
                     self._publish_member(training=True)  # the others see our new chain at once
             votes = self.membership.votes()
             others = {p: m for p, m in self.membership.fresh(max_age=0).items() if m.training and p != me}

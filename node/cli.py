@@ -796,7 +796,8 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=4096, 
                           "adversaries: tokens dense slowhold pushflood intruder flood replayleave crossrun "
                           "equivocate sybilvotes lowid futurestate badmomentum signflip noise freerider lazy; "
                           "peer '?' = picked by --seed). With --virtual: lying witnesses (censor:P "
-                          "equivocate:P withhold:P) and one partition:G|G@rN with its heal@rM."),
+                          "equivocate:P withhold:P), one partition:G|G@rN with its heal@rM, and "
+                          "kill/stop/restart/join:P@rN."),
                  seed: Optional[int] = typer.Option(None, "--seed", min=0, metavar="N", help="run.seed, and the "
                                                     "picks of '?' in --faults: the same seed gives the same run."),
                  timeout: float = typer.Option(3600.0, "--timeout", min=10.0, metavar="SECONDS",

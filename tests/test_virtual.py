@@ -103,6 +103,25 @@ def test_peers_past_a_round_hold_no_round_open_for_one_left_behind() -> None:
     assert waited_out(blind=True), "without the rule no seed waited out a round: the scenario no longer tests it"
 
 
+CHURN = {"kill and restart": "kill:2@r4,restart:2@r7", "stop": "stop:3@r5",
+         "joiners": "join:5@r2,join:6@r2,join:7@r9",
+         "all of it": "kill:1@r3,restart:1@r8,join:6@r4,stop:4@r6,kill:7@r10"}
+
+
+@pytest.mark.parametrize("name", sorted(CHURN))
+def test_churn_keeps_every_round_safe_and_the_live_peers_on_one_hash(name: str) -> None:
+    """Peers killed (their record goes stale), stopped (they say so), restarted with their disk, or joining
+    with nothing: a (re)started peer reads the records for a heartbeat and adopts the newest state offered on
+    the winning chain. With timely records, in every seed: no violation, the live peers on one hash, nobody
+    waits a round out, and every (re)started peer that found the swarm ahead downloaded its state."""
+    restarts = sum(item.startswith(("restart", "join")) for item in CHURN[name].split(","))
+    for seed in range(SEEDS // 4):
+        out = virtual.run(virtual.Scenario(peers=8, rounds=20, seed=seed, late_p=0.0,
+                                           **virtual.parse_faults(CHURN[name], 8)))
+        assert out["violations"] == [] and out["final_hashes"] == 1 and not out["stalled"], f"seed={seed}: {out}"
+        assert out["waited_out"] == 0 and out["downloads"] == restarts, f"seed={seed}: {out}"
+
+
 LIARS = 60  # seeds per kind of liar
 
 
@@ -137,8 +156,11 @@ def test_the_virtual_faults_name_what_is_modelled() -> None:
     assert virtual.parse_liars("censor:0, equivocate:3", 8) == ((0, "censor"), (3, "equivocate"))
     assert virtual.parse_faults("censor:4,partition:0,1|2,3,4@r3,heal@r9", 5) == {
         "liars": ((4, "censor"),), "partition": ((0, 1), (2, 3, 4)), "partition_at": 3, "heal_at": 9}
+    assert virtual.parse_faults("kill:2@r4,restart:2@r6,stop:3@r5,join:1@r2", 4)["life"] == (
+        ("join", 1, 2), ("kill", 2, 4), ("stop", 3, 5), ("restart", 2, 6))
     for spec, words in [("partition:0,1|2@r3", "list every peer"), ("heal@r4", "needs an earlier partition"),
-                        ("partition:0|1,2,3@r2,heal@r3,partition:0,1|2,3@r5", "one partition")]:
+                        ("partition:0|1,2,3@r2,heal@r3,partition:0,1|2,3@r5", "one partition"),
+                        ("kill:bootstrap@r2", "no bootstrap"), ("restart:1@r3", "restart")]:
         with pytest.raises(ValueError, match=words):
             virtual.parse_faults(spec, 4)
     for spec, words in [("kill:1@r2", "not modelled"), ("censor:9", "does not exist"),

@@ -64,6 +64,7 @@ LINGER_S = 60.0  # then it serves on while others are not on its state, looking 
 LOOK_S = 2.0  # how often a lingering peer looks at the chains
 FORK_SYNC_S = 10.0  # how long a peer off the winning chain looks for its state offer (node/swarm/sync.py)
 LIAR_KINDS = ("censor", "equivocate", "withhold")  # the adversaries modelled (see the module's docstring)
+LIFE_ACTIONS = ("kill", "stop", "restart", "join")
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,10 @@ class Scenario:
     partition_at: int = 0
     heal_at: int = -1
     record_ttl_s: float = 30.0  # a member record unseen this long is gone (swarm.record_ttl_s)
+    # churn, fired at the first announcement of a round: ('kill' | 'stop' | 'restart' | 'join', peer, round).
+    # kill: the process dies (its record goes stale); stop: it leaves and says so; restart: it comes back with
+    # its disk (its state) and nothing else; join: it starts then (not before), with nothing
+    life: tuple[tuple[str, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         for index, kind in self.liars:
@@ -96,6 +101,9 @@ class Scenario:
                 raise ValueError(f"liar {index}:{kind}: a peer 0..{self.peers - 1} and one of {', '.join(LIAR_KINDS)}")
         if self.rule not in ("witnesses", "leader"):
             raise ValueError(f"rule {self.rule!r}: 'witnesses' or 'leader'")
+        for action, index, _ in self.life:
+            if action not in LIFE_ACTIONS or not 0 <= index < self.peers:
+                raise ValueError(f"{action}:{index}: one of {', '.join(LIFE_ACTIONS)} and a peer 0..{self.peers - 1}")
         cut = [i for g in self.partition for i in g]
         if self.partition and (len(self.partition) < 2 or len(set(cut)) != len(cut)
                                or not all(0 <= i < self.peers for i in cut)):
@@ -127,6 +135,8 @@ class VPeer:
     follow: chain.Follow = field(default_factory=chain.Follow)
     done: bool = False  # its last round is applied and checked: it stops its heartbeat
     final_gen: int = -1  # the state (gen) whose last round's check is scheduled
+    alive: bool = True  # its process runs (churn: killed, stopped, or not joined yet)
+    incarnation: int = 0  # bumped when its process dies or starts (its heartbeat belongs to one)
 
     def tail(self) -> tuple[chain.Link, ...]:
         return tuple((k, self.hashes[k]) for k in sorted(self.hashes)[-TAIL:] if k >= 0)
@@ -153,6 +163,11 @@ class Simulation:
         self.group: dict[str, int] | None = None  # peer -> its side while the network is split
         self.healed = False
         self.heartbeat_s = min(10.0, sc.record_ttl_s / 3)
+        self.life = sorted(((r, n, action, f"p{i:04d}") for n, (action, i, r) in enumerate(sc.life)))
+        self.downloads = 0  # states a (re)starting peer adopted
+        for _, _, action, peer in self.life:
+            if action == "join":
+                self.peers[peer].alive = False
 
     # --- the clock ---------------------------------------------------------------------------------
 
@@ -163,8 +178,9 @@ class Simulation:
     def run(self) -> dict[str, Any]:
         t0 = time.perf_counter()
         for p in self.peers.values():
-            self._heartbeat(p)
-            self._compute(p, 0)
+            if p.alive:
+                self._heartbeat(p)
+                self._compute(p, 0)
         limit = self.sc.rounds * 4 * self.sc.params.max_wait_s + 600.0
         while self._heap:
             if self._heap[0][0] > limit:  # a run that cannot end: say so, never spin
@@ -190,7 +206,7 @@ class Simulation:
         """Every other peer gets it after a delay, unless a split cuts the two apart when it would arrive."""
         for q in self.peers.values():
             if q is not src:
-                self.at(self.now + self._delay(), lambda q=q: self._linked(src, q) and deliver(q, self.now))
+                self.at(self.now + self._delay(), lambda q=q: q.alive and self._linked(src, q) and deliver(q, self.now))
 
     def _split_or_heal(self, r: int) -> None:
         """The split falls at the first announcement of round ``partition_at`` and heals at the first of ``heal_at``."""
@@ -210,11 +226,55 @@ class Simulation:
         p.records[p.id] = (self.now, *record)
         self._broadcast(p, lambda q, now: q.records.__setitem__(p.id, (now, *record)))
 
-    def _heartbeat(self, p: VPeer) -> None:
-        if p.done:
+    def _heartbeat(self, p: VPeer, incarnation: int | None = None) -> None:
+        if p.done or not p.alive or (incarnation is not None and incarnation != p.incarnation):
             return
         self._publish_record(p)
-        self.at(self.now + self.heartbeat_s, lambda: self._heartbeat(p))
+        self.at(self.now + self.heartbeat_s, lambda i=p.incarnation: self._heartbeat(p, i))
+
+    def _churn(self, r: int) -> None:
+        """Fire the churn of rounds up to ``r`` (at the first announcement of round r)."""
+        while self.life and self.life[0][0] <= r:
+            _, _, action, peer = self.life.pop(0)
+            p = self.peers[peer]
+            if action in ("kill", "stop") and p.alive:
+                p.alive, p.gen, p.incarnation = False, p.gen + 1, p.incarnation + 1
+                if action == "stop":  # its departure reaches the others: nobody waits for it from then on
+                    self._broadcast(p, lambda q, now: q.records.pop(p.id, None))
+            elif action in ("restart", "join") and not p.alive:
+                self._start(p, fresh=action == "join")
+
+    def _start(self, p: VPeer, fresh: bool) -> None:
+        """A process (re)starts: with its disk (its hashes and applied sets) or none; nothing in memory. It reads
+        the records for a heartbeat, then adopts the newest state offered on the winning chain when that is
+        ahead of its own (Peer start-up: Sync.level), and trains on from there."""
+        p.alive, p.done, p.gen, p.incarnation = True, False, p.gen + 1, p.incarnation + 1
+        if fresh:
+            p.hashes, p.applied = {-1: "genesis"}, {}
+        p.records, p.cores, p.offer = {}, {}, None
+        p.records_of, p.weights = defaultdict(list), defaultdict(dict)
+        p.follow, p.waiting, p.computed = chain.Follow(), None, -1
+        self._heartbeat(p)
+        self.at(self.now + self.heartbeat_s + 2 * self.sc.latency_s, lambda gen=p.gen: self._rejoin(p, gen))
+
+    def _rejoin(self, p: VPeer, gen: int) -> None:
+        if gen != p.gen or not p.alive:
+            return
+        tails = self._tails(p, with_me=False)
+        links = {link for w in chain.winner(tails) for link in tails[w]}
+        own = max(p.applied, default=-1)
+        offers = [(-t[-1][0], q, offer) for q, (seen, t, offer) in p.records.items()
+                  if q != p.id and t and self.now - seen < self.sc.record_ttl_s and t[-1] in links
+                  and t[-1][0] > own and self.peers[q].alive and self._linked(p, self.peers[q])]
+        start = own + 1
+        if offers:
+            _, _, (tail, hashes, applied) = min(offers, key=lambda o: o[:2])
+            start = tail[-1][0] + 1
+            p.hashes, p.applied = dict(hashes), dict(applied)
+            p.busy_until = self.now + self.sc.latency_s + self.sc.state_bytes * 8 / self.sc.bandwidth_bps
+            self.downloads += 1
+        self._publish_record(p)
+        self._compute(p, start)
 
     def _tails(self, p: VPeer, with_me: bool = True) -> dict[str, tuple[chain.Link, ...]]:
         """The tails of the member records in p's sight (seen within the records' ttl), its own included."""
@@ -277,6 +337,9 @@ class Simulation:
 
     def _announce(self, p: VPeer, r: int) -> None:
         self._split_or_heal(r)
+        self._churn(r)
+        if not p.alive:  # its own churn event killed it
+            return
         c = core.RoundCore(self.sc.params, r, p.id, frozenset(), True, p.hashes[r - 1], self.sc.compute_s, self.now)
         p.cores[r] = c
         digest = hashlib.sha256(f"{p.id}/{r}/{p.hashes[r - 1]}".encode()).hexdigest()
@@ -307,6 +370,8 @@ class Simulation:
         return core.View(trainers=others, counted=others, present=others, live=others | {p.id}, ahead=ahead)
 
     def _deliver(self, q: VPeer, r: int, ev: Any) -> None:
+        if not q.alive:
+            return
         if r >= max(q.cores, default=-1) - 2:
             q.records_of[r].append(ev)
         c = q.cores.get(r)
@@ -350,13 +415,13 @@ class Simulation:
     def _tick(self, p: VPeer, c: core.RoundCore, key: tuple[str, int, int], t: float) -> None:
         if self._wakes.get(key) == t:
             del self._wakes[key]
-        if c.phase != "decided" and p.cores.get(c.round_) is c:
+        if c.phase != "decided" and p.alive and p.cores.get(c.round_) is c:
             self._act(p, c, c.step(core.Members(self.now, self._view(p, c.round_))))
 
     def _answer(self, p: VPeer, c: core.RoundCore, witnesses: tuple[str, ...]) -> None:
         got = [q.cores[c.round_].reports[q.id] for q in (self.peers[w] for w in witnesses)
-               if self._linked(p, q) and c.round_ in q.cores and q.id in q.cores[c.round_].reports and q.cores[c.round_].seed == c.seed]
-        if c.phase == "deciding":
+               if q.alive and self._linked(p, q) and c.round_ in q.cores and q.id in q.cores[c.round_].reports and q.cores[c.round_].seed == c.seed]
+        if c.phase == "deciding" and p.alive and p.cores.get(c.round_) is c:
             self._act(p, c, c.asked(self.now, got))
 
     def _apply(self, p: VPeer, r: int) -> None:
@@ -424,7 +489,7 @@ class Simulation:
         links = {link for w in winners for link in tails.get(w, ())}
         offers = [(-t[-1][0], q, offer) for q, (seen, t, offer) in p.records.items()
                   if q != p.id and t and self.now - seen < self.sc.record_ttl_s and t[-1] in links
-                  and self._linked(p, self.peers[q])]
+                  and self.peers[q].alive and self._linked(p, self.peers[q])]
         if not offers:
             self.no_offer += 1
             p.busy_until = max(p.busy_until, self.now + (FORK_SYNC_S if fork else self.sc.params.max_wait_s))
@@ -469,7 +534,7 @@ class Simulation:
 
     def _summary(self, wall: float) -> dict[str, Any]:
         last = self.sc.rounds - 1
-        final = Counter(p.hashes.get(last, "") for p in self.peers.values() if not p.lie)
+        final = Counter(p.hashes.get(last, "") for p in self.peers.values() if not p.lie and p.alive)
         liars = {p.id for p in self.peers.values() if p.lie}
         # liveness: how many rounds past a split's round the last of its peers re-synced onto the majority, or
         # with a partition, past the heal (None: the run ended on more than one hash)
@@ -480,7 +545,7 @@ class Simulation:
                 "violations": self.violations, "splits": len({v["round"] for v in self.violations}),
                 "rounds_to_converge": converged, "final_hashes": len(final),
                 "resyncs": sum(p.resyncs for p in self.peers.values() if not p.lie), "undecided": self.undecided,
-                "waited_out": self.waited_out, "no_offer": self.no_offer,
+                "waited_out": self.waited_out, "no_offer": self.no_offer, "downloads": self.downloads,
                 "kept_out": self._kept_out(),
                 "liar_rounds": sum(bool(liars & p.sets[r]) for p in self.peers.values() if not p.lie for r in p.sets),
                 "stalled": self.stalled, "per_round": [{"round": r, **self.per_round[r]} for r in sorted(self.per_round)],
@@ -490,21 +555,29 @@ class Simulation:
 
 def parse_faults(spec: str | None, peers: int) -> dict[str, Any]:
     """``--faults`` for ``--virtual``, as ``Scenario`` fields: lying witnesses (KIND:P, KIND one of LIAR_KINDS,
-    P a peer index) and one network split with its heal, in the process simulator's grammar
-    (``partition:0,1|2,3@r3,heal@r12``). ValueError names the item and what to write instead."""
+    P a peer index), one network split with its heal, and churn, in the process simulator's grammar
+    (``partition:0,1|2,3@r3,heal@r12,kill:2@r4,restart:2@r6,stop:3@r5,join:5@r2``). ValueError names the
+    item and what to write instead."""
     from gradnode.node.sim import faults
 
     items = [x.strip() for x in re.split(r",(?![0-9]+(?:[,|][0-9]+)*@r)", spec or "") if x.strip()]
-    network = [x for x in items if x.startswith(("partition:", "heal@"))]
-    out: dict[str, Any] = {"liars": parse_liars(",".join(x for x in items if x not in network), peers)}
-    events = faults.parse(",".join(network), peers, rounds=1 << 30).events if network else []
-    for e in events:
+    timed = [x for x in items if x.startswith(("partition:", "heal@", *(f"{a}:" for a in LIFE_ACTIONS)))]
+    out: dict[str, Any] = {"liars": parse_liars(",".join(x for x in items if x not in timed), peers)}
+    sched = faults.parse(",".join(timed), peers, rounds=1 << 30) if timed else faults.Schedule()
+    life: list[tuple[str, int, int]] = []
+    for e in sched.events:  # a join is an event too (and in sched.late)
+        if e.target == "bootstrap":
+            raise ValueError("--faults: --virtual has no bootstrap (every peer's records reach every other)")
         if e.action == "partition" and "partition" in out:
             raise ValueError("--faults: --virtual models one partition (and its heal) per run")
         if e.action == "partition":
             out.update(partition=e.groups, partition_at=e.round)
-        else:
+        elif e.action == "heal":
             out["heal_at"] = e.round
+        else:
+            life.append((e.action, int(e.target.split("-")[1]), e.round))
+    if life:
+        out["life"] = tuple(life)
     return out
 
 
@@ -515,8 +588,8 @@ def parse_liars(spec: str | None, peers: int) -> tuple[tuple[int, str], ...]:
         kind, _, index = raw.partition(":")
         if kind not in LIAR_KINDS or not index.isdigit():
             raise ValueError(f"--faults: {raw!r} is not modelled by --virtual; write KIND:P with KIND one of "
-                             f"{', '.join(LIAR_KINDS)}, or partition:G|G@rN and heal@rM (the process simulator "
-                             "runs the other faults)")
+                             f"{', '.join(LIAR_KINDS)}, or partition:G|G@rN, heal@rM, kill/stop/restart/join:P@rN "
+                             "(the process simulator runs the other faults)")
         if int(index) >= peers or int(index) in dict(out):
             raise ValueError(f"--faults: {raw!r}: peer {index} does not exist or has a fault already "
                              f"(peers are 0..{peers - 1})")

@@ -487,7 +487,8 @@ class Peer:
             self.chains = found.chains
         # a round before our last re-sync was checked on weights we have replaced since: nothing to repair
         off = found.mismatch is not None and found.mismatch >= self.history.trusted_from
-        act = self.follow.step(self.chains.standing, off)
+        # without a look at the chains (the chores found none to take) the reports decide alone, as before
+        act = self.follow.step(self.chains.standing, off) if found.chains is not None else "resync" if off else None
         if off and act is None:
             log.info("weight hash of round=%d differs from the majority, but this peer's chain wins by the "
                      "chain rule (%d of %d trainers): staying", found.mismatch, self.chains.mine, self.chains.trainers)

@@ -58,7 +58,7 @@ def test_a_round_every_other_trainer_passed_is_given_up_not_waited_out(trio) -> 
 
     assert ma.publish(round_=17, **common) and mb.publish(round_=21, **common)
     outcome, ended = _decide(_agreement(mc, c.peer_id, [a.peer_id, b.peer_id], witness=False, round_=16,
-                                        max_wait_s=12.0))
+                                        max_wait_s=8.0))
     assert outcome is None and ended == "max wait", ended  # a (at 17) might still report: the full wait
 
     assert ma.publish(round_=19, **common)

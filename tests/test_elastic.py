@@ -1,5 +1,5 @@
-"""The elastic swarm: crash and restart, late and burst joins, bad state offers (tampered, claimed far ahead,
-poisoned momentum), a replayed leaving record, client-mode peers, graceful leave, and the fault-schedule
+"""The elastic swarm: crash and restart, late joins, bad state offers (tampered, claimed far ahead; poisoned
+momentum: test_engine.py), a replayed leaving record, client-mode peers, graceful leave, and the fault-schedule
 grammar of `gradnode simulate --faults`."""
 
 from __future__ import annotations
@@ -277,43 +277,6 @@ def test_kill_restart_stop_late_join_bootstrap_loss_and_a_replayed_leaving_recor
     # count before the run ends (measured: from 1 to 4 of the run's last 4 rounds, by how late it came back)
     own = [row["own_included"] for row in metrics_of(summary, 4) if row["round"] > back]
     assert any(x is True for x in own), own
-    assert summary["val_loss_last"] < summary["val_loss_first"]
-
-
-@pytest.mark.swarm
-def test_burst_of_joiners_refuses_tampered_far_ahead_and_poisoned_state_offers(run_swarm) -> None:
-    """Three peers join at once (state sync) while three of the four first peers offer bad state:
-    - tamper (peer 0, from round 1): altered weights under the honest hash;
-    - futurestate (peer 1): its state claimed for a round 10^6 ahead under the hash of that claim (it matches
-      itself), and a chain listing it: the newest round used to win. No offer may claim a round more than 10
-      past another member's, and its chain is followed by nobody;
-    - badmomentum (peer 2): honest weights with the outer momentum scaled by -1000, under the honest hash (the
-      hash covers the outer state).
-    All three train honestly otherwise. A joiner that meets a bad offer discards it and its donor and takes
-    another: every joiner lands on the swarm's weights, momentum included, and contributes; the attackers
-    apply the honest rounds too. Which offer a joiner meets first depends on timing; the deterministic
-    versions of these checks, on real transports, are test_tampered_offer_is_discarded_for_another_donor and
-    test_a_state_claimed_far_ahead_is_refused."""
-    # 22 rounds: joiners started at round 2 must still find rounds to train on a loaded machine, where
-    # starting a process (python, torch) took over 30 s once and three of them arrived after round 12
-    rounds = 22
-    # with outer momentum: under SparseLoCo's default (none) the outer state is empty, 'badmomentum' then offers
-    # the honest state, and a joiner that took it (a flake-hunt run) was served by peer 2 correctly
-    summary = run_swarm(peers=7, rounds=rounds, extra=[*PACED, "outer.momentum=0.5"], timeout_s=450,
-                        faults="tamper:0@r1,futurestate:1,badmomentum:2,join:4@r2,join:5@r2,join:6@r2")
-    peers = summary["peers"]
-    assert [p["role"] for p in peers] == ["tamper", "futurestate", "badmomentum"] + ["honest"] * 4
-    assert summary["live_peers"] == 4 and summary["identical_hashes"], explain(summary)
-    assert len({p["param_hash"] for p in peers}) == 1, explain(summary)  # the attackers apply the honest rounds
-    joiners = peers[4:]
-    for i, joiner in enumerate(joiners, start=4):
-        assert joiner["state_downloads"] >= 1 and 2 <= joiner["joined_round"] < rounds, explain(summary)
-        assert joiner["first_contribution"] is not None, explain(summary)
-        log = (Path(summary["out_dir"]) / f"peer-{i}.log").read_text()
-        assert f"{peers[1]['peer'][:12]}@" in log, f"peer-{i} never saw the far offer"  # and ignored it
-    # an honest donor served the state (peer 3, or a joiner that arrived first: which depends on timing); the
-    # three attackers' offers are all refused or ignored
-    assert sum(p["state_bytes_up"] for p in peers[3:]) > 0
     assert summary["val_loss_last"] < summary["val_loss_first"]
 
 

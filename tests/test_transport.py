@@ -184,3 +184,26 @@ def test_token_bucket_caps_the_link(tmp_path: Path) -> None:
     finally:
         for t in made:
             t.close()
+
+
+def test_a_holder_serving_bytes_that_fail_verification_is_asked_once(trio) -> None:
+    """A holder that serves bytes that fail the check (a lie, or a broken copy) is not asked for that blob
+    again. Before, it was asked every pass until the deadline: one witness serving a report that was not its
+    own held an asking peer for the whole wait (test_agreement's 30 s). Counted in bytes fetched, not seconds:
+    one copy of the bad bytes, whatever the scheduling."""
+    import os
+
+    a, b, c = trio
+    good, bad = os.urandom(2048), os.urandom(2048)
+    a.blobs.put("u/run/1/y", bad)
+    c.blobs.put("u/run/1/y", good)
+    digest = hashlib.sha256(good).digest()
+    check = lambda data: hashlib.sha256(data).digest() == digest  # noqa: E731
+    before = b.bytes_down
+    assert b.fetch([(a.peer_id, a.maddrs())], "u/run/1/y", max_bytes=1 << 20, deadline=time.monotonic() + 30,
+                   verify=check) is None
+    assert b.bytes_down - before == len(bad)  # asked once (before: every pass, ~60 copies in 30 s)
+    before = b.bytes_down
+    assert b.fetch([(a.peer_id, a.maddrs()), (c.peer_id, c.maddrs())], "u/run/1/y", max_bytes=1 << 20,
+                   deadline=time.monotonic() + 30, verify=check) == good
+    assert b.bytes_down - before <= len(bad) + len(good)  # the liar at most once, then the honest holder

@@ -541,15 +541,21 @@ class Transport:
     async def fetch_async(self, sources: Sources, name: str, *, max_bytes: int,
                           deadline: float, verify: Callable[[bytes], bool] = lambda _: True) -> bytes | None:
         """Try holders in a random order (a callable ``sources`` is re-read every pass: new holders join
-        the pool as the blob spreads); back off between passes; give up at ``deadline``."""
+        the pool as the blob spreads); back off between passes; give up at ``deadline``. A holder whose bytes
+        failed ``verify`` is not asked for this blob again: it lied or holds a broken copy, and asking it
+        every pass kept a fetch from one such holder busy to its deadline (a witness serving a report that
+        is not its own held an asking peer up for the whole wait)."""
         me = self.peer_id
         passes = 0
+        refused: set[str] = set()  # holders whose bytes for this name failed verify
         while time.monotonic() < deadline:
             local = self.blobs.get(name)  # pushed to us, or fetched by another task meanwhile
             if local is not None and len(local) <= max_bytes and verify(local):
                 return local
             listed = sources() if callable(sources) else sources
-            order = [s for s in listed if s[0] != me and s[0] not in self.blocked]
+            order = [s for s in listed if s[0] != me and s[0] not in self.blocked and s[0] not in refused]
+            if not order and refused and not callable(sources):
+                return None  # every holder named served bytes that failed: nobody left to ask
             random.shuffle(order)
             # an update's own sender last: it serves a few copies, the rest spreads from those (gossip); holders
             # that crawled or failed within the last minute after everyone else
@@ -565,6 +571,7 @@ class Transport:
                     if data is not None and verify(data):
                         return data
                     if data is not None:
+                        refused.add(peer)
                         log.warning("fetched blob rejected name=%s from=%s", name, peer)
                 except Exception as err:  # lost connections and timeouts are normal events
                     log.debug("fetch failed name=%s from=%s error=%r", name, peer, err)

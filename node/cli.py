@@ -796,8 +796,8 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=4096, 
                           "adversaries: tokens dense slowhold pushflood intruder flood replayleave crossrun "
                           "equivocate sybilvotes lowid futurestate badmomentum signflip noise freerider lazy; "
                           "peer '?' = picked by --seed). With --virtual: lying witnesses (censor:P "
-                          "equivocate:P withhold:P), one partition:G|G@rN with its heal@rM, and "
-                          "kill/stop/restart/join:P@rN."),
+                          "equivocate:P withhold:P), one partition:G|G@rN with its heal@rM, "
+                          "kill/stop/restart/join:P@rN and stragglers slow:PxF."),
                  seed: Optional[int] = typer.Option(None, "--seed", min=0, metavar="N", help="run.seed, and the "
                                                     "picks of '?' in --faults: the same seed gives the same run."),
                  timeout: float = typer.Option(3600.0, "--timeout", min=10.0, metavar="SECONDS",
@@ -880,9 +880,11 @@ def _simulate_virtual(peers: int, rounds: int, seed: int, config: Optional[Path]
     except ValueError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
-    sw = _load(config, overrides).swarm
+    cfg = _load(config, overrides)
+    sw = cfg.swarm
     out = virtual.run(virtual.Scenario(peers=peers, rounds=rounds, seed=seed, late_p=late, params=params(sw),
-                                       record_ttl_s=sw.record_ttl_s, **faults))
+                                       record_ttl_s=sw.record_ttl_s, inner_steps=cfg.inner.steps,
+                                       min_steps=min(sw.min_steps, cfg.inner.steps), **faults))
     if as_json:
         typer.echo(json.dumps(out))
     else:

@@ -65,6 +65,33 @@ def deadline_from(first_seen: dict[str, float], n_live: int, window: float) -> f
     return sorted(first_seen.values())[k - 1] + window
 
 
+def stop_at(first_seen: dict[str, float], n_live: int, window: float, round_seconds: float,
+            previous: tuple[dict[str, float], int] | None = None) -> float | None:
+    """When a peer should have finished its inner steps of a round: half way from the round's first
+    announcement to its deadline, which leaves time to apply the previous round and announce (a slow peer so
+    runs fewer steps instead of stalling the others). Before the round's deadline is known it is predicted
+    from ``previous`` (that round's first sightings and live trainers): its deadline plus one median round,
+    less half a window (a slow peer must stop in time, not notice the deadline once it has passed). None:
+    nothing to go by yet."""
+    deadline = deadline_from(first_seen, n_live, window)
+    if deadline is not None:
+        return deadline - 0.5 * (deadline - min(first_seen.values()))
+    before = deadline_from(*previous, window) if previous is not None else None
+    return None if before is None else before + round_seconds - 0.5 * window
+
+
+def past_stop(now: float, step_s: float, stop: float | None) -> bool:
+    """One more inner step, started now, would end after the stop time."""
+    return stop is not None and now + step_s > stop
+
+
+def too_late(now: float, step_s: float, min_steps: int, stop: float | None) -> bool:
+    """The round's stop time (its deadline running, ``stop_at`` without a prediction) is nearer than the
+    peer's fewest steps: its update would arrive after the others decided, so it abstains from the round
+    and computes for the next one."""
+    return step_s > 0 and stop is not None and now + min_steps * step_s > stop
+
+
 # --- what a peer sees --------------------------------------------------------------------------------
 
 

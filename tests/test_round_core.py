@@ -54,6 +54,24 @@ def test_the_deadline_falls_a_window_after_half_the_live_trainers_announced() ->
     assert c.phase == "deciding" and c.collect_why == "deadline"
 
 
+def test_a_peer_stops_its_steps_half_way_to_the_deadline_and_abstains_when_too_slow() -> None:
+    """The stop time (node/swarm/clock.py reads it): half way from the round's first announcement to its
+    deadline; before half the live trainers announced it, predicted from the previous round's deadline plus a
+    median round, less half a window; nothing to go by: None (no stop)."""
+    window, round_s = rc.window_s(P, 2.0), 2.0  # 2 s: min_deadline_s
+    seen = {"b": 10.0, "c": 10.5, "d": 11.0}
+    assert rc.stop_at(seen, 5, window, round_s) == 13.0 - 0.5 * (13.0 - 10.0)  # deadline 11 + 2 (3rd of 5)
+    assert rc.stop_at({"b": 10.0}, 5, window, round_s) is None
+    previous = ({"b": 8.0, "c": 8.2, "d": 8.4}, 5)  # the previous round's deadline: 10.4
+    assert rc.stop_at({"b": 10.0}, 5, window, round_s, previous) == 10.4 + 2.0 - 1.0
+    assert rc.stop_at({}, 5, window, round_s, ({}, 5)) is None
+    # one more step of 0.3 s started at 11.3 ends past a stop at 11.5; at 11.1 it does not
+    assert rc.past_stop(11.3, 0.3, 11.5) and not rc.past_stop(11.1, 0.3, 11.5) and not rc.past_stop(99.0, 1.0, None)
+    # its fewest steps (2 of 0.5 s) do not fit before the stop: it sits the round out; one that fits does not
+    assert rc.too_late(11.0, 0.5, 2, 11.5) and not rc.too_late(10.0, 0.5, 2, 11.5)
+    assert not rc.too_late(11.0, 0.0, 2, 11.5)  # no step measured yet: never
+
+
 def test_the_set_is_what_a_strict_majority_of_the_reports_lists() -> None:
     c = core()
     c.own_update(0.0, "da")

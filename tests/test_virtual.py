@@ -152,15 +152,56 @@ def test_without_the_witness_rule_the_same_liars_censor_and_split() -> None:
     assert censored == LIARS // 3 and split > 0, (censored, split)
 
 
+STRAGGLER_SEEDS = 40
+
+
+@pytest.mark.parametrize("factor", [5.0, 20.0])
+def test_a_straggler_cuts_its_steps_or_sits_rounds_out_and_holds_nobody_up(factor: float) -> None:
+    """Peer 2 runs every inner step 5x (20x) slower than the others (`--faults slow:2x5`, the process test of
+    a straggler). It stops its steps at the round's stop time (round.stop_at) and, when even its fewest steps
+    would miss the deadline, sits the round out (round.too_late) and observes it. In every seed: safe, one
+    hash, no round waited out, and every other peer's update in every round's set. At 5x it still makes most
+    rounds with fewer steps (every round here); at 20x one step outlasts a round: it sits rounds out and its
+    late updates make hardly any (1 peer-round in 40 runs of 20 rounds, measured)."""
+    slow_in, sat_out = 0, 0
+    for seed in range(STRAGGLER_SEEDS):
+        sc = virtual.Scenario(peers=8, rounds=20, seed=seed, late_p=0.0, slow=((2, factor),))
+        out = virtual.run(sc)
+        assert out["violations"] == [] and out["final_hashes"] == 1 and not out["stalled"], f"seed={seed}: {out}"
+        assert out["waited_out"] == 0 and out["resyncs"] == 0, f"seed={seed}: {out}"
+        fast = {p: n for p, n in out["contributed"].items() if p != "p0002"}
+        assert set(fast.values()) == {sc.peers * sc.rounds}, f"seed={seed}: {fast}"  # in every honest set
+        slow_in += out["contributed"]["p0002"] // sc.peers
+        sat_out += out["abstained"]
+    if factor == 5.0:
+        assert 2 * slow_in >= STRAGGLER_SEEDS * 20, slow_in
+    else:
+        assert sat_out > 0 and slow_in <= STRAGGLER_SEEDS * 20 // 20, (sat_out, slow_in)
+
+
+def test_without_the_stop_time_a_straggler_makes_few_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stop time is what keeps a 5x straggler in the rounds: running all its steps, its update comes
+    after the others decided (most rounds); cut at the stop time, it makes them (the test above)."""
+    from gradnode.protocol import round as core
+
+    monkeypatch.setattr(core, "stop_at", lambda *a, **k: None)
+    slow_in = sum(virtual.run(virtual.Scenario(peers=8, rounds=20, seed=seed, late_p=0.0, slow=((2, 5.0),)))
+                  ["contributed"]["p0002"] // 8 for seed in range(10))
+    assert slow_in < 10 * 20 // 2, slow_in
+
+
 def test_the_virtual_faults_name_what_is_modelled() -> None:
     assert virtual.parse_liars("censor:0, equivocate:3", 8) == ((0, "censor"), (3, "equivocate"))
     assert virtual.parse_faults("censor:4,partition:0,1|2,3,4@r3,heal@r9", 5) == {
         "liars": ((4, "censor"),), "partition": ((0, 1), (2, 3, 4)), "partition_at": 3, "heal_at": 9}
+    assert virtual.parse_faults("slow:1x5,censor:0,slow:3x2.5", 8) == {"liars": ((0, "censor"),),
+                                                                       "slow": ((1, 5.0), (3, 2.5))}
     assert virtual.parse_faults("kill:2@r4,restart:2@r6,stop:3@r5,join:1@r2", 4)["life"] == (
         ("join", 1, 2), ("kill", 2, 4), ("stop", 3, 5), ("restart", 2, 6))
     for spec, words in [("partition:0,1|2@r3", "list every peer"), ("heal@r4", "needs an earlier partition"),
                         ("partition:0|1,2,3@r2,heal@r3,partition:0,1|2,3@r5", "one partition"),
-                        ("kill:bootstrap@r2", "no bootstrap"), ("restart:1@r3", "restart")]:
+                        ("kill:bootstrap@r2", "no bootstrap"), ("restart:1@r3", "restart"),
+                        ("slow:1x0.5", "1..100"), ("slow:1", "slow:1x5")]:
         with pytest.raises(ValueError, match=words):
             virtual.parse_faults(spec, 4)
     for spec, words in [("kill:1@r2", "not modelled"), ("censor:9", "does not exist"),

@@ -2,10 +2,15 @@
 virtual clock, from a seed. No torch, no sockets, no threads: the same seed gives the same run.
 
 What is modelled, and how:
-- A peer computes a round in a time drawn from its speed, then announces its update (a digest) and starts
-  the next round's compute at once; the announced round's exchange runs meanwhile, and just before the
-  next announcement the peer counts the round's reports again (``RoundCore.settle``) and applies it. This
-  is the node's pipeline (node/swarm/peer.py).
+- A peer computes a round as ``inner_steps`` steps of a time drawn from its speed (``Scenario.slow``: a
+  straggler's factor), then announces its update (a digest) and starts the next round's compute at once;
+  the announced round's exchange runs meanwhile, and just before the next announcement the peer counts the
+  round's reports again (``RoundCore.settle``) and applies it. This is the node's pipeline
+  (node/swarm/peer.py). While it computes, the peer reads the announcements every ``POLL_S`` and stops its
+  steps at the round's stop time (``round.stop_at``, as node/swarm/clock.py: a slow peer runs fewer steps);
+  a peer whose stop time for a round is nearer than its fewest steps abstains from it (``round.too_late``:
+  an abstaining report at once, its compute for the next round, and the round it sat out observed and
+  applied as the others decided it).
 - The DHT and the streams are one delay per delivery: every record a peer writes reaches each other peer
   ``latency + jitter`` later, and with probability ``late_p`` much later (``late_s``: the DHT hid a stored
   record from one reader for a while, as the real one does); an update is verified once it arrived
@@ -47,6 +52,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import math
 import random
 import re
 import time
@@ -65,6 +71,7 @@ LOOK_S = 2.0  # how often a lingering peer looks at the chains
 FORK_SYNC_S = 10.0  # how long a peer off the winning chain looks for its state offer (node/swarm/sync.py)
 LIAR_KINDS = ("censor", "equivocate", "withhold")  # the adversaries modelled (see the module's docstring)
 LIFE_ACTIONS = ("kill", "stop", "restart", "join")
+POLL_S = 0.5  # how often a computing peer reads the announcements for its stop time (clock.RoundClock.POLL_S)
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,9 @@ class Scenario:
     partition_at: int = 0
     heal_at: int = -1
     record_ttl_s: float = 30.0  # a member record unseen this long is gone (swarm.record_ttl_s)
+    slow: tuple[tuple[int, float], ...] = ()  # (peer index, factor): stragglers, every step that much slower
+    inner_steps: int = 8  # a round's inner steps (inner.steps), cut short at the round's stop time
+    min_steps: int = 1  # the fewest steps a peer runs before it may stop (swarm.min_steps)
     # churn, fired at the first announcement of a round: ('kill' | 'stop' | 'restart' | 'join', peer, round).
     # kill: the process dies (its record goes stale); stop: it leaves and says so; restart: it comes back with
     # its disk (its state) and nothing else; join: it starts then (not before), with nothing
@@ -104,6 +114,11 @@ class Scenario:
         for action, index, _ in self.life:
             if action not in LIFE_ACTIONS or not 0 <= index < self.peers:
                 raise ValueError(f"{action}:{index}: one of {', '.join(LIFE_ACTIONS)} and a peer 0..{self.peers - 1}")
+        for index, factor in self.slow:
+            if not 0 <= index < self.peers or not 1.0 <= factor <= 100.0:
+                raise ValueError(f"slow {index}x{factor}: a peer 0..{self.peers - 1} and a factor in 1..100")
+        if not 1 <= self.min_steps <= self.inner_steps:
+            raise ValueError(f"min_steps {self.min_steps}: 1..inner_steps ({self.inner_steps})")
         cut = [i for g in self.partition for i in g]
         if self.partition and (len(self.partition) < 2 or len(set(cut)) != len(cut)
                                or not all(0 <= i < self.peers for i in cut)):
@@ -136,6 +151,9 @@ class VPeer:
     done: bool = False  # its last round is applied and checked: it stops its heartbeat
     final_gen: int = -1  # the state (gen) whose last round's check is scheduled
     alive: bool = True  # its process runs (churn: killed, stopped, or not joined yet)
+    step_s: float = 0.0  # its seconds per inner step, measured in its last round (0 before it computed one)
+    steps: dict[int, int] = field(default_factory=dict)  # round -> inner steps it ran for it
+    abstained: set[int] = field(default_factory=set)  # rounds it sat out (too slow for their deadline)
     incarnation: int = 0  # bumped when its process dies or starts (its heartbeat belongs to one)
 
     def tail(self) -> tuple[chain.Link, ...]:
@@ -145,8 +163,11 @@ class VPeer:
 class Simulation:
     def __init__(self, sc: Scenario) -> None:
         self.sc, self.rng = sc, random.Random(sc.seed)
-        lies = dict(sc.liars)
-        self.peers = {f"p{i:04d}": VPeer(f"p{i:04d}", 1.0, lies.get(i, "")) for i in range(sc.peers)}
+        lies, slow = dict(sc.liars), dict(sc.slow)
+        self.peers = {f"p{i:04d}": VPeer(f"p{i:04d}", slow.get(i, 1.0), lies.get(i, "")) for i in range(sc.peers)}
+        # the (lower) median peer's round of inner steps: what members' records say of their pace (clock.round_seconds)
+        paces = sorted(p.slowness for p in self.peers.values())
+        self.round_s = sc.compute_s * paces[(len(paces) - 1) // 2]
         self.now, self.events, self._seq = 0.0, 0, 0
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
         self.decided: dict[tuple[int, str, int], bytes] = {}  # (round, chain, side) -> the first set applied on it
@@ -165,6 +186,8 @@ class Simulation:
         self.heartbeat_s = min(10.0, sc.record_ttl_s / 3)
         self.life = sorted(((r, n, action, f"p{i:04d}") for n, (action, i, r) in enumerate(sc.life)))
         self.downloads = 0  # states a (re)starting peer adopted
+        self.abstained = 0  # honest peer-rounds sat out (too slow for the round's deadline)
+        self.cut_short = 0  # honest peer-rounds computed with fewer steps than inner_steps (the stop time)
         for _, _, action, peer in self.life:
             if action == "join":
                 self.peers[peer].alive = False
@@ -285,28 +308,99 @@ class Simulation:
 
     # --- a peer's rounds ---------------------------------------------------------------------------
 
-    def _compute(self, p: VPeer, r: int) -> None:
+    def _compute(self, p: VPeer, r: int, may_abstain: bool = True) -> None:
         if r >= self.sc.rounds:  # the run is over: the pipeline drains (the last round is applied when decided)
-            self.at(max(self.now, p.busy_until), lambda gen=p.gen: self._computed(p, r, gen))
+            self.at(max(self.now, p.busy_until), lambda gen=p.gen: self._computed(p, r, gen, 0))
             return
-        s = self.sc.compute_s * p.slowness * (1 + self.sc.spread * (2 * self.rng.random() - 1))
-        self.at(max(self.now, p.busy_until) + s, lambda gen=p.gen: self._computed(p, r, gen))
+        # the node's loop asks first whether the round is already too late for its fewest steps (not the last)
+        if may_abstain and r + 1 < self.sc.rounds and r not in p.applied and r not in p.reported and \
+                core.too_late(self.now, p.step_s, self.sc.min_steps, self._stop_at(p, r, predict=False)):
+            self._abstain(p, r)
+            self._compute(p, r + 1, may_abstain=False)
+            return
+        t0 = max(self.now, p.busy_until)
+        step_s = self.sc.compute_s * p.slowness * (1 + self.sc.spread * (2 * self.rng.random() - 1)) / self.sc.inner_steps
+        self.at(t0, lambda gen=p.gen: self._poll(p, r, t0, step_s, gen))
 
-    def _computed(self, p: VPeer, r: int, gen: int) -> None:
+    def _poll(self, p: VPeer, r: int, t0: float, step_s: float, gen: int) -> None:
+        """A computing peer reads its round's stop time (clock.RoundClock's watcher) and, with it, when its
+        steps end: after the first step past ``min_steps`` whose successor would end after the stop time."""
         if gen != p.gen:
             return
+        stop = self._stop_at(p, r, predict=True)
+        boundary = math.ceil((self.now - t0) / step_s - 1e-9)  # the next step boundary, where it asks again
+        steps = self.sc.inner_steps if stop is None else \
+            min(self.sc.inner_steps, max(self.sc.min_steps, boundary, math.floor((stop - t0) / step_s)))
+        end = t0 + steps * step_s
+        if end <= self.now + POLL_S:
+            self.at(end, lambda: self._computed(p, r, gen, steps, step_s))
+        else:
+            self.at(self.now + POLL_S, lambda: self._poll(p, r, t0, step_s, gen))
+
+    def _stop_at(self, p: VPeer, r: int, predict: bool) -> float | None:
+        """Round r's stop time from what p saw: the first sightings of its announcements and the trainers
+        keeping up (clock.StopTime; with ``predict``, from round r - 1's deadline before r's is known)."""
+
+        def seen(k: int) -> tuple[dict[str, float], int]:
+            c = p.cores.get(k)
+            first = dict(c.first_seen) if c is not None else {}
+            for ev in p.records_of.get(k, ()):
+                if isinstance(ev, core.Announced):
+                    first.setdefault(ev.sender, ev.first_seen)
+            v = self._view(p, k)
+            return first, 1 + len(v.counted - (v.ahead - first.keys()))
+
+        window = core.window_s(self.sc.params, self.round_s)
+        previous = seen(r - 1) if predict and r > 0 else None
+        return core.stop_at(*seen(r), window, self.round_s, previous)
+
+    def _abstain(self, p: VPeer, r: int) -> None:
+        """p sits round r out: it says so at once (nobody waits for its report) and observes the round later."""
+        p.abstained.add(r)
+        self.abstained += not p.lie
+        sat_out = core.Report(p.id, "", abstain=True)
+        self._broadcast(p, lambda q, now: self._deliver(q, r, core.ReportSeen(now, sat_out)))
+
+    def _computed(self, p: VPeer, r: int, gen: int, steps: int, step_s: float = 0.0) -> None:
+        if gen != p.gen:
+            return
+        if steps:
+            p.steps[r], p.step_s = steps, step_s
+            self.cut_short += steps < self.sc.inner_steps and not p.lie
         if p.busy_until > self.now:  # its main loop is looking for a state offer: the round waits for it
-            self.at(p.busy_until, lambda: self._computed(p, r, gen))
+            self.at(p.busy_until, lambda: self._computed(p, r, gen, 0))
             return
         p.computed = r
-        if r > 0 and (r - 1) not in p.applied:
-            before = p.cores.get(r - 1)
-            if before is not None and before.phase == "decided":
-                self._apply(p, r - 1)  # announces round r
-            else:
-                p.waiting = r - 1  # round r - 1 is not decided yet: announce once it is applied
+        self._advance(p)
+
+    def _advance(self, p: VPeer) -> None:
+        """Round ``p.computed`` is computed: apply the rounds before it as they are decided (one it sat out is
+        observed first: its core opens once the round before is applied, on that round's hash), then
+        announce it."""
+        r, gen = p.computed, p.gen
+        if r < 0:
+            return
+        for q in (r - 2, r - 1):
+            if q < 0 or q in p.applied:
+                continue
+            c = p.cores.get(q)
+            if c is None and q in p.abstained and (q - 1) in p.hashes:
+                c = self._open(p, q, sender=False)
+            if c is not None and c.phase == "decided":
+                self._apply(p, q)
+                if p.gen != gen:  # the hash check after it re-synced p: the pipeline starts again from there
+                    return
+                continue
+            p.waiting = q  # not decided yet: announce once it is applied
             return
         self._next(p, r)
+
+    def _continue(self, p: VPeer) -> None:
+        """After an apply: on with the pipeline, once a state download (a failed look for an offer) is over."""
+        if p.busy_until > self.now:
+            self.at(p.busy_until, lambda gen=p.gen: gen == p.gen and self._advance(p))
+        else:
+            self._advance(p)
 
     def _next(self, p: VPeer, r: int) -> None:
         """Round r - 1 is applied: announce round r, or, at the end of the run, check the last round once the
@@ -340,15 +434,8 @@ class Simulation:
         self._churn(r)
         if not p.alive:  # its own churn event killed it
             return
-        c = core.RoundCore(self.sc.params, r, p.id, frozenset(), True, p.hashes[r - 1], self.sc.compute_s, self.now)
-        p.cores[r] = c
         digest = hashlib.sha256(f"{p.id}/{r}/{p.hashes[r - 1]}".encode()).hexdigest()
-        self._act(p, c, c.step(core.Members(self.now, self._view(p, r))))
-        self._act(p, c, c.own_update(self.now, digest))
-        for ev in sorted(p.records_of.get(r, []), key=lambda e: e.now):
-            self._act(p, c, c.step(ev if ev.now >= self.now else _at(ev, self.now)))
-        for old in [k for k in p.records_of if k < r - 2]:
-            del p.records_of[old]
+        self._open(p, r, sender=r not in p.abstained, digest=digest)  # a round sat out is never reported on
         sent = self.now
         fetch_s = self.sc.update_bytes * 8 / self.sc.bandwidth_bps
 
@@ -360,6 +447,20 @@ class Simulation:
 
         self._broadcast(p, seen)
         self._compute(p, r + 1)
+
+    def _open(self, p: VPeer, r: int, sender: bool, digest: str = "") -> core.RoundCore:
+        """Round r's core on p, on the hash p applied for r - 1: with its own update (``sender``) or as an
+        observer of a round it sat out; what the records hold for r is read into it."""
+        c = core.RoundCore(self.sc.params, r, p.id, frozenset(), sender, p.hashes[r - 1], self.round_s, self.now)
+        p.cores[r] = c
+        self._act(p, c, c.step(core.Members(self.now, self._view(p, r))))
+        if sender:
+            self._act(p, c, c.own_update(self.now, digest))
+        for ev in sorted(p.records_of.get(r, []), key=lambda e: e.now):
+            self._act(p, c, c.step(ev if ev.now >= self.now else _at(ev, self.now)))
+        for old in [k for k in p.records_of if k < r - 2]:
+            del p.records_of[old]
+        return c
 
     def _view(self, p: VPeer, r: int) -> core.View:
         """What p's member records say: the peers whose record it saw within the ttl (a split hides the others
@@ -401,6 +502,7 @@ class Simulation:
                     self.waited_out += 1
                 if p.waiting == c.round_ and c.round_ not in p.applied:
                     self._apply(p, c.round_)
+                    self._continue(p)
 
     def _publish(self, p: VPeer, c: core.RoundCore, pairs: tuple[tuple[str, str], ...]) -> None:
         """Its report reaches every other peer; a liar's policy rewrites what each one gets."""
@@ -450,11 +552,6 @@ class Simulation:
         p.weights[r][p.id] = h
         self._publish_record(p)
         self._check(p, r - 1)
-        if p.computed == r + 1:
-            if p.busy_until > self.now:  # it looked for a state offer and found none: it carries on after
-                self.at(p.busy_until, lambda gen=p.gen: gen == p.gen and self._next(p, r + 1))
-            else:
-                self._next(p, r + 1)
 
     def _check(self, p: VPeer, r: int, last: bool = False, lingering: bool = False) -> None:
         """After applying round r + 1 (or at the end, ``last``): round r's hash against the majority of the
@@ -546,6 +643,9 @@ class Simulation:
                 "rounds_to_converge": converged, "final_hashes": len(final),
                 "resyncs": sum(p.resyncs for p in self.peers.values() if not p.lie), "undecided": self.undecided,
                 "waited_out": self.waited_out, "no_offer": self.no_offer, "downloads": self.downloads,
+                "abstained": self.abstained, "cut_short": self.cut_short,
+                "contributed": {q.id: sum(q.id in p.sets[r] for p in self.peers.values() if not p.lie for r in p.sets)
+                                for q in self.peers.values()},
                 "kept_out": self._kept_out(),
                 "liar_rounds": sum(bool(liars & p.sets[r]) for p in self.peers.values() if not p.lie for r in p.sets),
                 "stalled": self.stalled, "per_round": [{"round": r, **self.per_round[r]} for r in sorted(self.per_round)],
@@ -555,15 +655,19 @@ class Simulation:
 
 def parse_faults(spec: str | None, peers: int) -> dict[str, Any]:
     """``--faults`` for ``--virtual``, as ``Scenario`` fields: lying witnesses (KIND:P, KIND one of LIAR_KINDS,
-    P a peer index), one network split with its heal, and churn, in the process simulator's grammar
-    (``partition:0,1|2,3@r3,heal@r12,kill:2@r4,restart:2@r6,stop:3@r5,join:5@r2``). ValueError names the
-    item and what to write instead."""
+    P a peer index), one network split with its heal, churn and stragglers, in the process simulator's
+    grammar (``partition:0,1|2,3@r3,heal@r12,kill:2@r4,restart:2@r6,stop:3@r5,join:5@r2,slow:1x5``).
+    ValueError names the item and what to write instead."""
     from gradnode.node.sim import faults
 
     items = [x.strip() for x in re.split(r",(?![0-9]+(?:[,|][0-9]+)*@r)", spec or "") if x.strip()]
-    timed = [x for x in items if x.startswith(("partition:", "heal@", *(f"{a}:" for a in LIFE_ACTIONS)))]
+    timed = [x for x in items if x.startswith(("partition:", "heal@", "slow:", *(f"{a}:" for a in LIFE_ACTIONS)))]
     out: dict[str, Any] = {"liars": parse_liars(",".join(x for x in items if x not in timed), peers)}
     sched = faults.parse(",".join(timed), peers, rounds=1 << 30) if timed else faults.Schedule()
+    slow = tuple((i, float(o.split("=", 1)[1])) for i, sets in sorted(sched.overrides.items())
+                 for o in sets if o.startswith("swarm.slowdown="))
+    if slow:
+        out["slow"] = slow
     life: list[tuple[str, int, int]] = []
     for e in sched.events:  # a join is an event too (and in sched.late)
         if e.target == "bootstrap":
@@ -588,8 +692,8 @@ def parse_liars(spec: str | None, peers: int) -> tuple[tuple[int, str], ...]:
         kind, _, index = raw.partition(":")
         if kind not in LIAR_KINDS or not index.isdigit():
             raise ValueError(f"--faults: {raw!r} is not modelled by --virtual; write KIND:P with KIND one of "
-                             f"{', '.join(LIAR_KINDS)}, or partition:G|G@rN, heal@rM, kill/stop/restart/join:P@rN "
-                             "(the process simulator runs the other faults)")
+                             f"{', '.join(LIAR_KINDS)}, or partition:G|G@rN, heal@rM, kill/stop/restart/join:P@rN, "
+                             "slow:PxF (the process simulator runs the other faults)")
         if int(index) >= peers or int(index) in dict(out):
             raise ValueError(f"--faults: {raw!r}: peer {index} does not exist or has a fault already "
                              f"(peers are 0..{peers - 1})")
@@ -628,6 +732,10 @@ def print_summary(out: dict[str, Any]) -> None:
     if out["scenario"]["liars"]:
         print(f"liars {', '.join(f'{i}:{k}' for i, k in out['scenario']['liars'])}: honest updates kept out "
               f"{out['kept_out']}; peer-rounds that applied a liar's update {out['liar_rounds']}")
+    if sc["slow"]:
+        print(f"stragglers {', '.join(f'{i}x{f:g}' for i, f in sc['slow'])}: rounds in the applied sets "
+              f"{', '.join(str(out['contributed'][f'p{i:04d}'] // max(1, out['peers'] - len(sc['liars']))) for i, _ in sc['slow'])}"
+              f" of {out['rounds']}; honest peer-rounds sat out {out['abstained']}, cut short {out['cut_short']}")
     print(f"violations {len(out['violations'])} in {out['splits']} rounds; re-syncs {out['resyncs']}; "
           f"final hashes {out['final_hashes']}; rounds to converge {out['rounds_to_converge']}; "
           f"{out['events']} events, {out['virtual_s']:.0f} virtual s in {out['wall_s']:.2f} s"

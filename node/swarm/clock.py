@@ -51,13 +51,13 @@ class Deadline:
     """The swarm's deadline of one round as peer ``me`` sees it, from the DHT's announcements; None until
     half the live training peers have announced. ``poll`` reads the DHT, calling the object does not."""
 
-    def __init__(self, members: Membership, cfg: SwarmConfig, me: str, round_: int, window: float) -> None:
-        self.members, self.cfg, self.me, self.round, self.window = members, cfg, me, round_, window
+    def __init__(self, members: Membership, cfg: SwarmConfig, me: str, round_: int, round_s: float) -> None:
+        self.members, self.cfg, self.me, self.round, self.round_s = members, cfg, me, round_, round_s
         self.seen: dict[str, float] = {}
         self.live = 1
 
     def __call__(self) -> float | None:
-        return deadline_from(self.seen, self.live, self.window, self.cfg)
+        return deadline_from(self.seen, self.live, self.round_s, self.cfg)
 
     def poll(self, now: float) -> tuple[dict[str, float], int]:
         """Read the DHT: the announcers' first-seen times and the live trainers; ``update`` applies them
@@ -102,13 +102,8 @@ class StopTime:
 
     def __call__(self, now: float) -> float | None:
         with self._lock:
-            deadline = self.current()
-            if deadline is not None:
-                return deadline - 0.5 * (deadline - min(self.current.seen.values()))
-            before = self.previous() if self.previous is not None else None
-        if before is None:
-            return None
-        return before + self.round_s - 0.5 * self.window
+            previous = (self.previous.seen, self.previous.live) if self.previous is not None else None
+            return core.stop_at(self.current.seen, self.current.live, self.window, self.round_s, previous)
 
 
 class RoundClock:
@@ -155,8 +150,7 @@ class RoundClock:
         return stop
 
     def _past(self, now: float) -> bool:
-        stop_at = self.stop_time(now)
-        return stop_at is not None and now + self.step_s > stop_at
+        return core.past_stop(now, self.step_s, self.stop_time(now))
 
 
 class Clock:
@@ -185,5 +179,4 @@ class Clock:
         now = time.monotonic()
         stop_time = StopTime(self, round_, predict=False)
         stop_time.refresh(now)
-        stop_at = stop_time(now)
-        return stop_at is not None and now + self.cfg.min_steps * self.step_s > stop_at
+        return core.too_late(now, self.step_s, self.cfg.min_steps, stop_time(now))

@@ -506,11 +506,12 @@ class Simulation:
 
     def _publish(self, p: VPeer, c: core.RoundCore, pairs: tuple[tuple[str, str], ...]) -> None:
         """Its report reaches every other peer; a liar's policy rewrites what each one gets."""
-        own = tuple(x for x in pairs if x[0] == p.id)
+        honest, lie = pack(pairs), pack(x for x in pairs if x[0] == p.id)  # once: a report is N fingerprints
+        told = {fps: core.Report(p.id, c.seed, fps, digest=fps) for fps in (honest, lie)}
 
         def report(to: VPeer) -> core.Report:
-            lied = own if p.lie == "censor" or p.lie == "equivocate" and _half(to.id, c.round_) else pairs
-            return core.Report(p.id, c.seed, pack(lied), digest=pack(lied))
+            lied = p.lie == "censor" or p.lie == "equivocate" and _half(to.id, c.round_)
+            return told[lie if lied else honest]
 
         self._broadcast(p, lambda q, now, r=c.round_: self._deliver(q, r, core.ReportSeen(now, report(q))))
 

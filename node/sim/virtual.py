@@ -100,6 +100,11 @@ class Scenario:
     slow: tuple[tuple[int, float], ...] = ()  # (peer index, factor): stragglers, every step that much slower
     inner_steps: int = 8  # a round's inner steps (inner.steps), cut short at the round's stop time
     min_steps: int = 1  # the fewest steps a peer runs before it may stop (swarm.min_steps)
+    # clock drift: each peer's wall clock is off by U(-drift_s, drift_s) (or ``clock_off``: (peer, seconds)).
+    # The DHT's times are wall-clock times: an announcement's age is the reader's clock minus the time the
+    # announcer stamped (clamped to 0..600 s, as clock.Deadline), and a record expires on the writer's clock
+    drift_s: float = 0.0
+    clock_off: tuple[tuple[int, float], ...] = ()
     # churn, fired at the first announcement of a round: ('kill' | 'stop' | 'restart' | 'join', peer, round).
     # kill: the process dies (its record goes stale); stop: it leaves and says so; restart: it comes back with
     # its disk (its state) and nothing else; join: it starts then (not before), with nothing
@@ -117,6 +122,8 @@ class Scenario:
         for index, factor in self.slow:
             if not 0 <= index < self.peers or not 1.0 <= factor <= 100.0:
                 raise ValueError(f"slow {index}x{factor}: a peer 0..{self.peers - 1} and a factor in 1..100")
+        if self.drift_s < 0 or any(not 0 <= i < self.peers for i, _ in self.clock_off):
+            raise ValueError(f"drift_s >= 0 and clock_off of peers 0..{self.peers - 1}")
         if not 1 <= self.min_steps <= self.inner_steps:
             raise ValueError(f"min_steps {self.min_steps}: 1..inner_steps ({self.inner_steps})")
         cut = [i for g in self.partition for i in g]
@@ -166,6 +173,9 @@ class Simulation:
         lies, slow = dict(sc.liars), dict(sc.slow)
         self.peers = {f"p{i:04d}": VPeer(f"p{i:04d}", slow.get(i, 1.0), lies.get(i, "")) for i in range(sc.peers)}
         # the (lower) median peer's round of inner steps: what members' records say of their pace (clock.round_seconds)
+        drift = random.Random(f"{sc.seed}/drift")  # its own stream: a run without drift draws as before
+        self.off = {q: drift.uniform(-sc.drift_s, sc.drift_s) if sc.drift_s else 0.0 for q in self.peers}
+        self.off.update({f"p{i:04d}": d for i, d in sc.clock_off})
         paces = sorted(p.slowness for p in self.peers.values())
         self.round_s = sc.compute_s * paces[(len(paces) - 1) // 2]
         self.now, self.events, self._seq = 0.0, 0, 0
@@ -287,7 +297,7 @@ class Simulation:
         links = {link for w in chain.winner(tails) for link in tails[w]}
         own = max(p.applied, default=-1)
         offers = [(-t[-1][0], q, offer) for q, (seen, t, offer) in p.records.items()
-                  if q != p.id and t and self.now - seen < self.sc.record_ttl_s and t[-1] in links
+                  if q != p.id and t and self._fresh(p, q, seen) and t[-1] in links
                   and t[-1][0] > own and self.peers[q].alive and self._linked(p, self.peers[q])]
         start = own + 1
         if offers:
@@ -299,9 +309,14 @@ class Simulation:
         self._publish_record(p)
         self._compute(p, start)
 
+    def _fresh(self, p: VPeer, q: str, seen: float) -> bool:
+        """q's record, which reached p at ``seen``, has not expired on p's clock: it expires ``record_ttl_s``
+        after q wrote it, on q's clock (a writer whose clock is behind writes records that expire early)."""
+        return self.now - seen < self.sc.record_ttl_s + self.off[q] - self.off[p.id]
+
     def _tails(self, p: VPeer, with_me: bool = True) -> dict[str, tuple[chain.Link, ...]]:
         """The tails of the member records in p's sight (seen within the records' ttl), its own included."""
-        out = {q: t for q, (seen, t, _) in p.records.items() if q != p.id and self.now - seen < self.sc.record_ttl_s}
+        out = {q: t for q, (seen, t, _) in p.records.items() if q != p.id and self._fresh(p, q, seen)}
         if with_me:
             out[p.id] = p.tail()
         return out
@@ -440,7 +455,9 @@ class Simulation:
         fetch_s = self.sc.update_bytes * 8 / self.sc.bandwidth_bps
 
         def seen(q: VPeer, now: float) -> None:
-            self._deliver(q, r, core.Announced(now, p.id, sent))  # the DHT gives its age: first seen = sent
+            # the DHT gives its age on the reader's clock from the announcer's stamp (clamped to 0..600 s)
+            age = min(max(0.0, (now + self.off[q.id]) - (sent + self.off[p.id])), 600.0)
+            self._deliver(q, r, core.Announced(now, p.id, now - age))
             self._deliver(q, r, core.FetchStarted(now, p.id))
             got = core.FetchEnded if p.lie == "withhold" else lambda t, who: core.Verified(t, who, digest)
             self.at(now + fetch_s + self.sc.latency_s, lambda: self._deliver(q, r, got(self.now, p.id)))
@@ -586,7 +603,7 @@ class Simulation:
         tails = self._tails(p, with_me=False)
         links = {link for w in winners for link in tails.get(w, ())}
         offers = [(-t[-1][0], q, offer) for q, (seen, t, offer) in p.records.items()
-                  if q != p.id and t and self.now - seen < self.sc.record_ttl_s and t[-1] in links
+                  if q != p.id and t and self._fresh(p, q, seen) and t[-1] in links
                   and self.peers[q].alive and self._linked(p, self.peers[q])]
         if not offers:
             self.no_offer += 1
@@ -657,13 +674,29 @@ class Simulation:
 def parse_faults(spec: str | None, peers: int) -> dict[str, Any]:
     """``--faults`` for ``--virtual``, as ``Scenario`` fields: lying witnesses (KIND:P, KIND one of LIAR_KINDS,
     P a peer index), one network split with its heal, churn and stragglers, in the process simulator's
-    grammar (``partition:0,1|2,3@r3,heal@r12,kill:2@r4,restart:2@r6,stop:3@r5,join:5@r2,slow:1x5``).
-    ValueError names the item and what to write instead."""
+    grammar (``partition:0,1|2,3@r3,heal@r12,kill:2@r4,restart:2@r6,stop:3@r5,join:5@r2,slow:1x5``), and
+    clocks off (``drift:S``: each peer's by U(-S, S) seconds; ``clock:P=S``: peer P's by S). ValueError names
+    the item and what to write instead."""
     from gradnode.node.sim import faults
 
     items = [x.strip() for x in re.split(r",(?![0-9]+(?:[,|][0-9]+)*@r)", spec or "") if x.strip()]
+    clocks = [x for x in items if x.startswith(("drift:", "clock:"))]
     timed = [x for x in items if x.startswith(("partition:", "heal@", "slow:", *(f"{a}:" for a in LIFE_ACTIONS)))]
-    out: dict[str, Any] = {"liars": parse_liars(",".join(x for x in items if x not in timed), peers)}
+    out: dict[str, Any] = {"liars": parse_liars(",".join(x for x in items if x not in timed + clocks), peers)}
+    offsets: list[tuple[int, float]] = []
+    for raw in clocks:
+        m = re.fullmatch(r"drift:([0-9.]+)|clock:([0-9]+)=([+-]?[0-9.]+)", raw)
+        if m is None or m[1] is not None and "drift_s" in out:
+            raise ValueError(f"--faults: {raw!r}: write drift:S (every clock off by up to S seconds, once) or "
+                             "clock:P=S (peer P's clock S seconds off, e.g. clock:3=-40)")
+        if m[1] is not None:
+            out["drift_s"] = float(m[1])
+        elif int(m[2]) >= peers:
+            raise ValueError(f"--faults: {raw!r}: peer {m[2]} does not exist (peers are 0..{peers - 1})")
+        else:
+            offsets.append((int(m[2]), float(m[3])))
+    if offsets:
+        out["clock_off"] = tuple(offsets)
     sched = faults.parse(",".join(timed), peers, rounds=1 << 30) if timed else faults.Schedule()
     slow = tuple((i, float(o.split("=", 1)[1])) for i, sets in sorted(sched.overrides.items())
                  for o in sets if o.startswith("swarm.slowdown="))
@@ -694,7 +727,7 @@ def parse_liars(spec: str | None, peers: int) -> tuple[tuple[int, str], ...]:
         if kind not in LIAR_KINDS or not index.isdigit():
             raise ValueError(f"--faults: {raw!r} is not modelled by --virtual; write KIND:P with KIND one of "
                              f"{', '.join(LIAR_KINDS)}, or partition:G|G@rN, heal@rM, kill/stop/restart/join:P@rN, "
-                             "slow:PxF (the process simulator runs the other faults)")
+                             "slow:PxF, drift:S, clock:P=S (the process simulator runs the other faults)")
         if int(index) >= peers or int(index) in dict(out):
             raise ValueError(f"--faults: {raw!r}: peer {index} does not exist or has a fault already "
                              f"(peers are 0..{peers - 1})")
@@ -733,6 +766,8 @@ def print_summary(out: dict[str, Any]) -> None:
     if out["scenario"]["liars"]:
         print(f"liars {', '.join(f'{i}:{k}' for i, k in out['scenario']['liars'])}: honest updates kept out "
               f"{out['kept_out']}; peer-rounds that applied a liar's update {out['liar_rounds']}")
+    if sc["drift_s"] or sc["clock_off"]:
+        print(f"clocks off: up to {sc['drift_s']:g} s each" + "".join(f", peer {i} by {d:+g} s" for i, d in sc["clock_off"]))
     if sc["slow"]:
         print(f"stragglers {', '.join(f'{i}x{f:g}' for i, f in sc['slow'])}: rounds in the applied sets "
               f"{', '.join(str(out['contributed'][f'p{i:04d}'] // max(1, out['peers'] - len(sc['liars']))) for i, _ in sc['slow'])}"

@@ -105,6 +105,11 @@ class Scenario:
     # announcer stamped (clamped to 0..600 s, as clock.Deadline), and a record expires on the writer's clock
     drift_s: float = 0.0
     clock_off: tuple[tuple[int, float], ...] = ()
+    # swizzle-clogging (FoundationDB's): from the first announcement of round ``swizzle_at``, a random half of
+    # the links between peers clog one by one every ``swizzle_s`` seconds, then unclog one by one in another
+    # random order; what a clogged link carries arrives when it unclogs (a stalled connection, not a loss)
+    swizzle_at: int = -1
+    swizzle_s: float = 2.0
     # churn, fired at the first announcement of a round: ('kill' | 'stop' | 'restart' | 'join', peer, round).
     # kill: the process dies (its record goes stale); stop: it leaves and says so; restart: it comes back with
     # its disk (its state) and nothing else; join: it starts then (not before), with nothing
@@ -193,6 +198,11 @@ class Simulation:
         self.per_round: dict[int, dict[str, int]] = defaultdict(lambda: {"applied": 0, "violations": 0, "resyncs": 0})
         self.group: dict[str, int] | None = None  # peer -> its side while the network is split
         self.healed = False
+        self.clogged: set[frozenset[str]] = set()
+        self.held: dict[frozenset[str], list[Callable[[], None]]] = defaultdict(list)
+        self.swizzled = False
+        self.unclogged_at = -1.0  # when the last clogged link unclogs (the swizzle's heal)
+        self.unclog_round = -1  # the newest round announced then
         self.heartbeat_s = min(10.0, sc.record_ttl_s / 3)
         self.life = sorted(((r, n, action, f"p{i:04d}") for n, (action, i, r) in enumerate(sc.life)))
         self.downloads = 0  # states a (re)starting peer adopted
@@ -233,13 +243,46 @@ class Simulation:
         return d
 
     def _linked(self, a: VPeer, b: VPeer) -> bool:
-        return self.group is None or self.group[a.id] == self.group[b.id]
+        return (self.group is None or self.group[a.id] == self.group[b.id]) and frozenset((a.id, b.id)) not in self.clogged
 
     def _broadcast(self, src: VPeer, deliver: Callable[[VPeer, float], None]) -> None:
-        """Every other peer gets it after a delay, unless a split cuts the two apart when it would arrive."""
+        """Every other peer gets it after a delay, unless a split cuts the two apart when it would arrive (lost)
+        or their link is clogged then (held until it unclogs)."""
         for q in self.peers.values():
             if q is not src:
-                self.at(self.now + self._delay(), lambda q=q: q.alive and self._linked(src, q) and deliver(q, self.now))
+                self.at(self.now + self._delay(), lambda q=q: self._arrive(src, q, deliver))
+
+    def _arrive(self, src: VPeer, q: VPeer, deliver: Callable[[VPeer, float], None]) -> None:
+        if not q.alive or (self.group is not None and self.group[src.id] != self.group[q.id]):
+            return
+        link = frozenset((src.id, q.id))
+        if link in self.clogged:
+            self.held[link].append(lambda: q.alive and deliver(q, self.now))
+            return
+        deliver(q, self.now)
+
+    def _swizzle(self) -> None:
+        """Clog a random half of the links one by one, then unclog them one by one in another order."""
+        self.swizzled = True
+        rng = random.Random(f"{self.sc.seed}/swizzle")
+        names = sorted(self.peers)
+        links = [frozenset((a, b)) for i, a in enumerate(names) for b in names[i + 1:] if rng.random() < 0.5]
+        rng.shuffle(links)
+        step = self.sc.swizzle_s
+        for i, link in enumerate(links):
+            self.at(self.now + i * step, lambda link=link: self.clogged.add(link))
+        rng.shuffle(links)
+        start = self.now + len(links) * step
+        for i, link in enumerate(links):
+            self.at(start + i * step, lambda link=link: self._unclog(link))
+        self.unclogged_at = start + max(0, len(links) - 1) * step
+
+    def _unclog(self, link: frozenset[str]) -> None:
+        self.clogged.discard(link)
+        if self.now >= self.unclogged_at:
+            self.unclog_round = max(max(p.cores, default=-1) for p in self.peers.values())
+        for deliver in self.held.pop(link, []):
+            self.at(self.now + self._delay(), deliver)
 
     def _split_or_heal(self, r: int) -> None:
         """The split falls at the first announcement of round ``partition_at`` and heals at the first of ``heal_at``."""
@@ -249,6 +292,8 @@ class Simulation:
             self.group.update({f"p{i:04d}": 0 for i in others})  # peers in no group stay with the first
         elif self.group is not None and 0 <= self.sc.heal_at <= r:
             self.group, self.healed = None, True
+        if 0 <= self.sc.swizzle_at <= r and not self.swizzled:
+            self._swizzle()
 
     def _publish_record(self, p: VPeer) -> None:
         """Its member record (its chain's tail) and its state offer reach the others; it holds them itself."""
@@ -656,6 +701,8 @@ class Simulation:
         converged = max(self.repairs, default=0) if len(final) == 1 and not self.stalled else None
         if converged is not None and self.sc.partition and self.sc.heal_at >= 0:  # rounds from the heal on
             converged = max([a - self.sc.heal_at for a in self.adopted] + [0])
+        if converged is not None and self.swizzled:  # rounds from the last link's unclogging on
+            converged = max([a - self.unclog_round for a in self.adopted] + [0]) if self.unclog_round >= 0 else None
         return {"seed": self.sc.seed, "peers": self.sc.peers, "rounds": self.sc.rounds,
                 "violations": self.violations, "splits": len({v["round"] for v in self.violations}),
                 "rounds_to_converge": converged, "final_hashes": len(final),
@@ -675,16 +722,23 @@ def parse_faults(spec: str | None, peers: int) -> dict[str, Any]:
     """``--faults`` for ``--virtual``, as ``Scenario`` fields: lying witnesses (KIND:P, KIND one of LIAR_KINDS,
     P a peer index), one network split with its heal, churn and stragglers, in the process simulator's
     grammar (``partition:0,1|2,3@r3,heal@r12,kill:2@r4,restart:2@r6,stop:3@r5,join:5@r2,slow:1x5``), and
-    clocks off (``drift:S``: each peer's by U(-S, S) seconds; ``clock:P=S``: peer P's by S). ValueError names
-    the item and what to write instead."""
+    clocks off (``drift:S``: each peer's by U(-S, S) seconds; ``clock:P=S``: peer P's by S), and
+    swizzle-clogging (``swizzle@rN``, ``swizzle:S@rN``). ValueError names the item and what to write instead."""
     from gradnode.node.sim import faults
 
     items = [x.strip() for x in re.split(r",(?![0-9]+(?:[,|][0-9]+)*@r)", spec or "") if x.strip()]
-    clocks = [x for x in items if x.startswith(("drift:", "clock:"))]
+    clocks = [x for x in items if x.startswith(("drift:", "clock:", "swizzle"))]
     timed = [x for x in items if x.startswith(("partition:", "heal@", "slow:", *(f"{a}:" for a in LIFE_ACTIONS)))]
     out: dict[str, Any] = {"liars": parse_liars(",".join(x for x in items if x not in timed + clocks), peers)}
     offsets: list[tuple[int, float]] = []
     for raw in clocks:
+        z = re.fullmatch(r"swizzle(?::([0-9.]+))?@r([0-9]+)", raw)
+        if z is not None and "swizzle_at" not in out:
+            out.update(swizzle_at=int(z[2]), **({"swizzle_s": float(z[1])} if z[1] else {}))
+            continue
+        if raw.startswith("swizzle"):
+            raise ValueError(f"--faults: {raw!r}: write swizzle@rN or swizzle:S@rN (links clog one every S seconds, "
+                             "default 2, from round N, then unclog), once")
         m = re.fullmatch(r"drift:([0-9.]+)|clock:([0-9]+)=([+-]?[0-9.]+)", raw)
         if m is None or m[1] is not None and "drift_s" in out:
             raise ValueError(f"--faults: {raw!r}: write drift:S (every clock off by up to S seconds, once) or "
@@ -727,7 +781,7 @@ def parse_liars(spec: str | None, peers: int) -> tuple[tuple[int, str], ...]:
         if kind not in LIAR_KINDS or not index.isdigit():
             raise ValueError(f"--faults: {raw!r} is not modelled by --virtual; write KIND:P with KIND one of "
                              f"{', '.join(LIAR_KINDS)}, or partition:G|G@rN, heal@rM, kill/stop/restart/join:P@rN, "
-                             "slow:PxF, drift:S, clock:P=S (the process simulator runs the other faults)")
+                             "slow:PxF, drift:S, clock:P=S, swizzle@rN (the process simulator runs the other faults)")
         if int(index) >= peers or int(index) in dict(out):
             raise ValueError(f"--faults: {raw!r}: peer {index} does not exist or has a fault already "
                              f"(peers are 0..{peers - 1})")
@@ -766,6 +820,9 @@ def print_summary(out: dict[str, Any]) -> None:
     if out["scenario"]["liars"]:
         print(f"liars {', '.join(f'{i}:{k}' for i, k in out['scenario']['liars'])}: honest updates kept out "
               f"{out['kept_out']}; peer-rounds that applied a liar's update {out['liar_rounds']}")
+    if sc["swizzle_at"] >= 0:
+        print(f"swizzle-clogging from round {sc['swizzle_at']}: a link clogs every {sc['swizzle_s']:g} s, then they "
+              f"unclog (the rounds to converge count from the last)")
     if sc["drift_s"] or sc["clock_off"]:
         print(f"clocks off: up to {sc['drift_s']:g} s each" + "".join(f", peer {i} by {d:+g} s" for i, d in sc["clock_off"]))
     if sc["slow"]:

@@ -207,3 +207,16 @@ def test_a_holder_serving_bytes_that_fail_verification_is_asked_once(trio) -> No
     assert b.fetch([(a.peer_id, a.maddrs()), (c.peer_id, c.maddrs())], "u/run/1/y", max_bytes=1 << 20,
                    deadline=time.monotonic() + 30, verify=check) == good
     assert b.bytes_down - before <= len(bad) + len(good)  # the liar at most once, then the honest holder
+    # holders read afresh every pass (as the update fetch reads holdings): the liar is not asked again, and a
+    # holder that turns up later serves the blob
+    a.blobs.put("u/run/1/z", bad)
+    c.blobs.put("u/run/1/z", good)
+    passes: list[int] = []
+
+    def holders() -> list:
+        passes.append(1)
+        return [(a.peer_id, a.maddrs())] + ([(c.peer_id, c.maddrs())] if len(passes) > 1 else [])
+
+    before = b.bytes_down
+    assert b.fetch(holders, "u/run/1/z", max_bytes=1 << 20, deadline=time.monotonic() + 30, verify=check) == good
+    assert len(passes) >= 2 and b.bytes_down - before == len(bad) + len(good)

@@ -184,6 +184,9 @@ def fetch(*, transport: Transport, membership: Membership, cfg: SwarmConfig, run
             log.warning("state offer rejected round=%d hash=%s donors=%s: weights do not match the advertised "
                         "hash; trying another donor", ref.round, ref.param_hash[:12],
                         ",".join(m.peer[:12] for m in group))
+        # no group gave a whole state (a chunk every donor served wrong ends a download at once): read the
+        # offers again after a pause, not in a tight loop
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
     return None
 
 

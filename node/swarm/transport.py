@@ -554,7 +554,7 @@ class Transport:
                 return local
             listed = sources() if callable(sources) else sources
             order = [s for s in listed if s[0] != me and s[0] not in self.blocked and s[0] not in refused]
-            if not order and refused and not callable(sources):
+            if refused and not callable(sources) and all(s[0] in refused or s[0] == me for s in listed):
                 return None  # every holder named served bytes that failed: nobody left to ask
             random.shuffle(order)
             # an update's own sender last: it serves a few copies, the rest spreads from those (gossip); holders

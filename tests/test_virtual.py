@@ -216,6 +216,21 @@ def test_swizzle_clogging_ends_on_one_hash_within_a_few_rounds_of_the_last_unclo
     assert splits, "no round split: the clogging no longer tests the repair"
 
 
+def test_sybil_keys_move_no_peer_when_only_contributors_vote() -> None:
+    """16 keys of the attacker's making (the process tests' 'sybilvotes'): they never send an update, publish
+    'training' member records on a chain of hashes nobody holds and report those hashes every round: more
+    votes than the 8 honest peers. Counted one per key ('everyone'), they pull the honest peers off their
+    chain in every seed, towards a state nobody offers (the peers stall looking for it). Counted one per
+    recent contributor (the contributors ledger, as the node), nobody moves. Their records hold no deadline
+    off either (Membership.counted: only senders and announcers), except in round 0, before anyone sent."""
+    for seed in range(20):
+        sc = dict(peers=8, rounds=20, seed=seed, late_p=0.0, sybils=16)
+        out = virtual.run(virtual.Scenario(**sc, votes="contributors"))
+        assert out["violations"] == [] and out["final_hashes"] == 1 and out["resyncs"] == 0, f"seed={seed}: {out}"
+        assert out["no_offer"] == 0 and out["waited_out"] <= sc["peers"], f"seed={seed}: {out}"  # round 0 only
+        assert virtual.run(virtual.Scenario(**sc, votes="everyone"))["no_offer"] > 0, f"seed={seed}"
+
+
 def test_the_virtual_faults_name_what_is_modelled() -> None:
     assert virtual.parse_liars("censor:0, equivocate:3", 8) == ((0, "censor"), (3, "equivocate"))
     assert virtual.parse_faults("censor:4,partition:0,1|2,3,4@r3,heal@r9", 5) == {
@@ -225,6 +240,7 @@ def test_the_virtual_faults_name_what_is_modelled() -> None:
     assert virtual.parse_faults("drift:2,clock:3=-40,clock:1=+5", 4) == {
         "liars": (), "drift_s": 2.0, "clock_off": ((3, -40.0), (1, 5.0))}
     assert virtual.parse_faults("swizzle:1.5@r4", 4) == {"liars": (), "swizzle_at": 4, "swizzle_s": 1.5}
+    assert virtual.parse_faults("sybils:16", 4) == {"liars": (), "sybils": 16, "votes": "contributors"}
     assert virtual.parse_faults("kill:2@r4,restart:2@r6,stop:3@r5,join:1@r2", 4)["life"] == (
         ("join", 1, 2), ("kill", 2, 4), ("stop", 3, 5), ("restart", 2, 6))
     for spec, words in [("partition:0,1|2@r3", "list every peer"), ("heal@r4", "needs an earlier partition"),

@@ -60,11 +60,13 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
+from gradnode.node.swarm.agreement import eligible_witnesses
 from gradnode.protocol import chain
 from gradnode.protocol import round as core
 from gradnode.protocol.records import pack, resolve
 
 TAIL = 4  # rounds of its chain a peer publishes (protocol/chain.py)
+CONTRIBUTOR_ROUNDS = 64  # the contributors ledger's memory (train/engine.py)
 FINAL_CHECK_S = 10.0  # after its last round a peer checks that round's hash against the others' this much later
 LINGER_S = 60.0  # then it serves on while others are not on its state, looking at the chains (Peer._linger)
 LOOK_S = 2.0  # how often a lingering peer looks at the chains
@@ -110,6 +112,21 @@ class Scenario:
     # random order; what a clogged link carries arrives when it unclogs (a stalled connection, not a loss)
     swizzle_at: int = -1
     swizzle_s: float = 2.0
+    # keys of an attacker's own making (the process tests' 'sybilvotes'): they never send an update, and every
+    # heartbeat publish 'training' member records following a chain of hashes nobody holds, at the swarm's
+    # newest round, and report those hashes for every round. ``votes``: 'contributors' (the node's rule: a
+    # chain or weight report counts when its key's updates were applied in the last 64 rounds, the shared
+    # contributors ledger; everyone before a peer applied a round) or 'everyone' (the rule before it). The
+    # default is 'everyone' for now: under 'contributors' a healed 2|2 split with late records can end on
+    # two hashes (node/SWARM.md, "Not done": each chain's ledger says who votes, so each side can count
+    # itself the winner), which the node's rule may share
+    sybils: int = 0
+    votes: str = "everyone"
+    # a round's eligible witnesses: 'live' (the live trainers when deciding starts) or 'ledger' (the node's
+    # eligible_witnesses: contributors of the last 8 rounds). The tests run 'live'; under 'ledger' splits and
+    # swizzles converge later and a 20x straggler re-syncs now and then with timely records (node/SWARM.md,
+    # "Not done": not understood yet)
+    eligible: str = "live"
     # churn, fired at the first announcement of a round: ('kill' | 'stop' | 'restart' | 'join', peer, round).
     # kill: the process dies (its record goes stale); stop: it leaves and says so; restart: it comes back with
     # its disk (its state) and nothing else; join: it starts then (not before), with nothing
@@ -119,6 +136,8 @@ class Scenario:
         for index, kind in self.liars:
             if kind not in LIAR_KINDS or not 0 <= index < self.peers:
                 raise ValueError(f"liar {index}:{kind}: a peer 0..{self.peers - 1} and one of {', '.join(LIAR_KINDS)}")
+        if self.votes not in ("contributors", "everyone") or self.sybils < 0 or self.eligible not in ("live", "ledger"):
+            raise ValueError(f"votes {self.votes!r}: 'contributors' or 'everyone'; sybils >= 0")
         if self.rule not in ("witnesses", "leader"):
             raise ValueError(f"rule {self.rule!r}: 'witnesses' or 'leader'")
         for action, index, _ in self.life:
@@ -166,6 +185,8 @@ class VPeer:
     step_s: float = 0.0  # its seconds per inner step, measured in its last round (0 before it computed one)
     steps: dict[int, int] = field(default_factory=dict)  # round -> inner steps it ran for it
     abstained: set[int] = field(default_factory=set)  # rounds it sat out (too slow for their deadline)
+    ledger: dict[str, int] = field(default_factory=dict)  # contributors: sender -> last round applied (shared state)
+    senders: frozenset[str] = frozenset()  # the senders of the last round it applied (whose records set the pace)
     incarnation: int = 0  # bumped when its process dies or starts (its heartbeat belongs to one)
 
     def tail(self) -> tuple[chain.Link, ...]:
@@ -224,6 +245,8 @@ class Simulation:
             if p.alive:
                 self._heartbeat(p)
                 self._compute(p, 0)
+        if self.sc.sybils:
+            self._sybil_beat()
         limit = self.sc.rounds * 4 * self.sc.params.max_wait_s + 600.0
         while self._heap:
             if self._heap[0][0] > limit:  # a run that cannot end: say so, never spin
@@ -299,7 +322,7 @@ class Simulation:
         """Its member record (its chain's tail) and its state offer reach the others; it holds them itself."""
         tail = p.tail()
         if p.offer is None or p.offer[0] != tail:
-            p.offer = (tail, dict(p.hashes), dict(p.applied))
+            p.offer = (tail, dict(p.hashes), dict(p.applied), dict(p.ledger))
         record = (tail, p.offer)
         p.records[p.id] = (self.now, *record)
         self._broadcast(p, lambda q, now: q.records.__setitem__(p.id, (now, *record)))
@@ -309,6 +332,25 @@ class Simulation:
             return
         self._publish_record(p)
         self.at(self.now + self.heartbeat_s, lambda i=p.incarnation: self._heartbeat(p, i))
+
+    def _sybil_beat(self) -> None:
+        """The sybil keys' heartbeat: member records on a chain of made-up hashes at the swarm's newest round,
+        and weight reports of those hashes, to every live peer (records and reports only: they run no core)."""
+        newest = max((max(p.hashes) for p in self.peers.values() if p.alive and not p.lie), default=-1)
+        if newest < 0 and self.now > 0 and all(p.done for p in self.peers.values()):
+            return
+        tail = tuple((k, f"sybil{k}") for k in range(max(0, newest - TAIL + 1), newest + 1))
+        for i in range(self.sc.sybils):
+            sid = f"s{i:04d}"
+            for q in self.peers.values():
+                def deliver(q: VPeer = q, sid: str = sid) -> None:
+                    if q.alive:
+                        q.records[sid] = (self.now, tail, None)  # no state offered: nobody holds it
+                        for k, h in tail:
+                            q.weights[k][sid] = h
+                self.at(self.now + self._delay(), deliver)
+        if not all(p.done or not p.alive for p in self.peers.values()):
+            self.at(self.now + self.heartbeat_s, self._sybil_beat)
 
     def _churn(self, r: int) -> None:
         """Fire the churn of rounds up to ``r`` (at the first announcement of round r)."""
@@ -328,7 +370,8 @@ class Simulation:
         ahead of its own (Peer start-up: Sync.level), and trains on from there."""
         p.alive, p.done, p.gen, p.incarnation = True, False, p.gen + 1, p.incarnation + 1
         if fresh:
-            p.hashes, p.applied = {-1: "genesis"}, {}
+            p.hashes, p.applied, p.ledger = {-1: "genesis"}, {}, {}
+        p.senders = frozenset()  # in memory only
         p.records, p.cores, p.offer = {}, {}, None
         p.records_of, p.weights = defaultdict(list), defaultdict(dict)
         p.follow, p.waiting, p.computed = chain.Follow(), None, -1
@@ -342,13 +385,13 @@ class Simulation:
         links = {link for w in chain.winner(tails) for link in tails[w]}
         own = max(p.applied, default=-1)
         offers = [(-t[-1][0], q, offer) for q, (seen, t, offer) in p.records.items()
-                  if q != p.id and t and self._fresh(p, q, seen) and t[-1] in links
+                  if q != p.id and t and offer is not None and self._fresh(p, q, seen) and t[-1] in links
                   and t[-1][0] > own and self.peers[q].alive and self._linked(p, self.peers[q])]
         start = own + 1
         if offers:
-            _, _, (tail, hashes, applied) = min(offers, key=lambda o: o[:2])
+            _, _, (tail, hashes, applied, ledger) = min(offers, key=lambda o: o[:2])
             start = tail[-1][0] + 1
-            p.hashes, p.applied = dict(hashes), dict(applied)
+            p.hashes, p.applied, p.ledger, p.senders = dict(hashes), dict(applied), dict(ledger), frozenset()
             p.busy_until = self.now + self.sc.latency_s + self.sc.state_bytes * 8 / self.sc.bandwidth_bps
             self.downloads += 1
         self._publish_record(p)
@@ -357,11 +400,20 @@ class Simulation:
     def _fresh(self, p: VPeer, q: str, seen: float) -> bool:
         """q's record, which reached p at ``seen``, has not expired on p's clock: it expires ``record_ttl_s``
         after q wrote it, on q's clock (a writer whose clock is behind writes records that expire early)."""
-        return self.now - seen < self.sc.record_ttl_s + self.off[q] - self.off[p.id]
+        return self.now - seen < self.sc.record_ttl_s + self.off.get(q, 0.0) - self.off[p.id]
 
-    def _tails(self, p: VPeer, with_me: bool = True) -> dict[str, tuple[chain.Link, ...]]:
-        """The tails of the member records in p's sight (seen within the records' ttl), its own included."""
-        out = {q: t for q, (seen, t, _) in p.records.items() if q != p.id and self._fresh(p, q, seen)}
+    def _votes(self, p: VPeer) -> Callable[[str], bool]:
+        """Whose chain and weight reports count for p (Membership.votes): the keys in its contributors ledger;
+        everyone's before it applied a round, or under ``votes='everyone'``."""
+        if self.sc.votes == "everyone" or not p.ledger:
+            return lambda q: True
+        return p.ledger.__contains__
+
+    def _tails(self, p: VPeer, with_me: bool = True, voting: bool = True) -> dict[str, tuple[chain.Link, ...]]:
+        """The tails of the member records in p's sight (seen within the records' ttl), its own included; with
+        ``voting``, only those of keys whose vote counts (``_votes``)."""
+        votes = self._votes(p) if voting else (lambda q: True)
+        out = {q: t for q, (seen, t, _) in p.records.items() if q != p.id and self._fresh(p, q, seen) and votes(q)}
         if with_me:
             out[p.id] = p.tail()
         return out
@@ -494,7 +546,7 @@ class Simulation:
         self._churn(r)
         if not p.alive:  # its own churn event killed it
             return
-        digest = hashlib.sha256(f"{p.id}/{r}/{p.hashes[r - 1]}".encode()).hexdigest()
+        digest = _digest(p.id, r, p.hashes[r - 1])
         self._open(p, r, sender=r not in p.abstained, digest=digest)  # a round sat out is never reported on
         sent = self.now
         fetch_s = self.sc.update_bytes * 8 / self.sc.bandwidth_bps
@@ -513,7 +565,10 @@ class Simulation:
     def _open(self, p: VPeer, r: int, sender: bool, digest: str = "") -> core.RoundCore:
         """Round r's core on p, on the hash p applied for r - 1: with its own update (``sender``) or as an
         observer of a round it sat out; what the records hold for r is read into it."""
-        c = core.RoundCore(self.sc.params, r, p.id, frozenset(), sender, p.hashes[r - 1], self.round_s, self.now)
+        # the node's rule ('ledger'): the contributors of the last WITNESS_WINDOW rounds; 'live': the live
+        # trainers when deciding starts (node/SWARM.md, "Not done": the two differ in the simulator's results)
+        eligible = frozenset(eligible_witnesses(p.ledger, r)) if self.sc.eligible == "ledger" else frozenset()
+        c = core.RoundCore(self.sc.params, r, p.id, eligible, sender, p.hashes[r - 1], self.round_s, self.now)
         p.cores[r] = c
         self._act(p, c, c.step(core.Members(self.now, self._view(p, r))))
         if sender:
@@ -527,10 +582,18 @@ class Simulation:
     def _view(self, p: VPeer, r: int) -> core.View:
         """What p's member records say: the peers whose record it saw within the ttl (a split hides the others
         once theirs go stale), and who among them is two rounds past ``r``."""
-        tails = self._tails(p, with_me=False)
+        tails = self._tails(p, with_me=False, voting=False)
         others = frozenset(tails)
         ahead = frozenset(q for q, t in tails.items() if t and t[-1][0] + 1 >= r + 2)
-        return core.View(trainers=others, counted=others, present=others, live=others | {p.id}, ahead=ahead)
+        # counted (Membership.counted): the senders of the last round p applied and this round's announcers;
+        # everyone before p applied a round. A record of a key that never sent holds no deadline off.
+        if p.senders:
+            c = p.cores.get(r)
+            here = {ev.sender for ev in p.records_of.get(r, ()) if isinstance(ev, core.Announced)}
+            counted = others & (p.senders | here | (set(c.first_seen) if c is not None else set()))
+        else:
+            counted = others
+        return core.View(trainers=others, counted=counted, present=others, live=others | {p.id}, ahead=ahead)
 
     def _deliver(self, q: VPeer, r: int, ev: Any) -> None:
         if not q.alive:
@@ -597,7 +660,11 @@ class Simulation:
             settled = (counted[0].fps, 1) if counted else None
         fps = settled[0] if settled else b""
         p.applied[r] = fps
-        p.sets[r] = frozenset(s for s, _ in resolve(fps, c.verified.items())[0])
+        # the senders of the set, as the node knows them from the round's signed announcements (it fetches
+        # what it applies: an update it never verified is in its ledger all the same)
+        p.sets[r] = frozenset(s for s, _ in resolve(fps, ((q, _digest(q, r, c.seed)) for q in self.peers))[0])
+        p.senders = p.sets[r]
+        p.ledger = {q: k for q, k in {**p.ledger, **dict.fromkeys(p.sets[r], r)}.items() if k > r - CONTRIBUTOR_ROUNDS}
         p.hashes[r] = hashlib.sha256(p.hashes[r - 1].encode() + fps).hexdigest()[:16]
         # one chain per side while the network is split: both sides train on, by design (the heal merges them
         # onto the chain rule's winner); what must never differ is the set two peers of one side apply
@@ -620,7 +687,8 @@ class Simulation:
         """After applying round r + 1 (or at the end, ``last``): round r's hash against the majority of the
         weight reports p received, and the chain rule over the member records in its sight; which chain p
         follows then is chain.Follow's to say, as in the node (Peer._settle_chores, _last_round_off_majority)."""
-        votes = p.weights.get(r, {})
+        counts_for = self._votes(p)
+        votes = {q: h for q, h in p.weights.get(r, {}).items() if counts_for(q)}
         off = False
         if r >= 0 and len(votes) >= 2:
             counts = Counter(votes.values())
@@ -648,13 +716,13 @@ class Simulation:
         tails = self._tails(p, with_me=False)
         links = {link for w in winners for link in tails.get(w, ())}
         offers = [(-t[-1][0], q, offer) for q, (seen, t, offer) in p.records.items()
-                  if q != p.id and t and self._fresh(p, q, seen) and t[-1] in links
+                  if q != p.id and t and offer is not None and self._fresh(p, q, seen) and t[-1] in links
                   and self.peers[q].alive and self._linked(p, self.peers[q])]
         if not offers:
             self.no_offer += 1
             p.busy_until = max(p.busy_until, self.now + (FORK_SYNC_S if fork else self.sc.params.max_wait_s))
             return
-        _, _, (tail, hashes, applied) = min(offers, key=lambda o: o[:2])
+        _, _, (tail, hashes, applied, ledger) = min(offers, key=lambda o: o[:2])
         newest = tail[-1][0]
         p.resyncs += 1
         self.repairs.append(newest - r)
@@ -665,6 +733,7 @@ class Simulation:
         p.busy_until = self.now + self.sc.latency_s + self.sc.state_bytes * 8 / self.sc.bandwidth_bps
         p.hashes = {k: h for k, h in hashes.items() if k <= newest}
         p.applied = {k: f for k, f in applied.items() if k <= newest}
+        p.ledger, p.senders = dict(ledger), frozenset()
         p.waiting, p.computed = None, -1
         # what it holds now, it says (the node's member record publishes its chain's tail, and a report of a
         # chain left since counts for the one followed now: chores.off_majority)
@@ -723,15 +792,23 @@ def parse_faults(spec: str | None, peers: int) -> dict[str, Any]:
     P a peer index), one network split with its heal, churn and stragglers, in the process simulator's
     grammar (``partition:0,1|2,3@r3,heal@r12,kill:2@r4,restart:2@r6,stop:3@r5,join:5@r2,slow:1x5``), and
     clocks off (``drift:S``: each peer's by U(-S, S) seconds; ``clock:P=S``: peer P's by S), and
-    swizzle-clogging (``swizzle@rN``, ``swizzle:S@rN``). ValueError names the item and what to write instead."""
+    swizzle-clogging (``swizzle@rN``, ``swizzle:S@rN``), and ``sybils:N`` (keys of the attacker's making voting
+    for a made-up chain; votes counted per recent contributor). ValueError names the item and what to write
+    instead."""
     from gradnode.node.sim import faults
 
     items = [x.strip() for x in re.split(r",(?![0-9]+(?:[,|][0-9]+)*@r)", spec or "") if x.strip()]
-    clocks = [x for x in items if x.startswith(("drift:", "clock:", "swizzle"))]
+    clocks = [x for x in items if x.startswith(("drift:", "clock:", "swizzle", "sybils:"))]
     timed = [x for x in items if x.startswith(("partition:", "heal@", "slow:", *(f"{a}:" for a in LIFE_ACTIONS)))]
     out: dict[str, Any] = {"liars": parse_liars(",".join(x for x in items if x not in timed + clocks), peers)}
     offsets: list[tuple[int, float]] = []
     for raw in clocks:
+        n = re.fullmatch(r"sybils:([0-9]+)", raw)
+        if n is not None and "sybils" not in out:
+            out.update(sybils=int(n[1]), votes="contributors")  # the node's rule: one vote per recent contributor
+            continue
+        if raw.startswith("sybils:"):
+            raise ValueError(f"--faults: {raw!r}: write sybils:N (N keys of the attacker's making), once")
         z = re.fullmatch(r"swizzle(?::([0-9.]+))?@r([0-9]+)", raw)
         if z is not None and "swizzle_at" not in out:
             out.update(swizzle_at=int(z[2]), **({"swizzle_s": float(z[1])} if z[1] else {}))
@@ -781,7 +858,7 @@ def parse_liars(spec: str | None, peers: int) -> tuple[tuple[int, str], ...]:
         if kind not in LIAR_KINDS or not index.isdigit():
             raise ValueError(f"--faults: {raw!r} is not modelled by --virtual; write KIND:P with KIND one of "
                              f"{', '.join(LIAR_KINDS)}, or partition:G|G@rN, heal@rM, kill/stop/restart/join:P@rN, "
-                             "slow:PxF, drift:S, clock:P=S, swizzle@rN (the process simulator runs the other faults)")
+                             "slow:PxF, drift:S, clock:P=S, swizzle@rN, sybils:N (the process simulator runs the other faults)")
         if int(index) >= peers or int(index) in dict(out):
             raise ValueError(f"--faults: {raw!r}: peer {index} does not exist or has a fault already "
                              f"(peers are 0..{peers - 1})")
@@ -789,6 +866,11 @@ def parse_liars(spec: str | None, peers: int) -> tuple[tuple[int, str], ...]:
     if 2 * len(out) >= peers:
         raise ValueError(f"--faults: {len(out)} liars of {peers} peers: the rules assume fewer than half")
     return tuple(out)
+
+
+def _digest(peer: str, round_: int, seed: str) -> str:
+    """The digest of ``peer``'s update of ``round_`` made on the chain ``seed`` (its blob, in the simulator)."""
+    return hashlib.sha256(f"{peer}/{round_}/{seed}".encode()).hexdigest()
 
 
 def _half(peer: str, round_: int) -> bool:

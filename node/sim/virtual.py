@@ -384,12 +384,10 @@ class Simulation:
         tails = self._tails(p, with_me=False)
         links = {link for w in chain.winner(tails) for link in tails[w]}
         own = max(p.applied, default=-1)
-        offers = [(-t[-1][0], q, offer) for q, (seen, t, offer) in p.records.items()
-                  if q != p.id and t and offer is not None and self._fresh(p, q, seen) and t[-1] in links
-                  and t[-1][0] > own and self.peers[q].alive and self._linked(p, self.peers[q])]
+        offer = self._newest_offer(p, links, after=own)
         start = own + 1
-        if offers:
-            _, _, (tail, hashes, applied, ledger) = min(offers, key=lambda o: o[:2])
+        if offer is not None:
+            tail, hashes, applied, ledger = offer
             start = tail[-1][0] + 1
             p.hashes, p.applied, p.ledger, p.senders = dict(hashes), dict(applied), dict(ledger), frozenset()
             p.busy_until = self.now + self.sc.latency_s + self.sc.state_bytes * 8 / self.sc.bandwidth_bps
@@ -454,11 +452,7 @@ class Simulation:
         keeping up (clock.StopTime; with ``predict``, from round r - 1's deadline before r's is known)."""
 
         def seen(k: int) -> tuple[dict[str, float], int]:
-            c = p.cores.get(k)
-            first = dict(c.first_seen) if c is not None else {}
-            for ev in p.records_of.get(k, ()):
-                if isinstance(ev, core.Announced):
-                    first.setdefault(ev.sender, ev.first_seen)
+            first = self._announced(p, k)
             v = self._view(p, k)
             return first, 1 + len(v.counted - (v.ahead - first.keys()))
 
@@ -579,6 +573,15 @@ class Simulation:
             del p.records_of[old]
         return c
 
+    def _announced(self, p: VPeer, r: int) -> dict[str, float]:
+        """Who announced round r in p's sight, first seen when: its core's sightings and the records it holds."""
+        c = p.cores.get(r)
+        first = dict(c.first_seen) if c is not None else {}
+        for ev in p.records_of.get(r, ()):
+            if isinstance(ev, core.Announced):
+                first.setdefault(ev.sender, ev.first_seen)
+        return first
+
     def _view(self, p: VPeer, r: int) -> core.View:
         """What p's member records say: the peers whose record it saw within the ttl (a split hides the others
         once theirs go stale), and who among them is two rounds past ``r``."""
@@ -588,9 +591,7 @@ class Simulation:
         # counted (Membership.counted): the senders of the last round p applied and this round's announcers;
         # everyone before p applied a round. A record of a key that never sent holds no deadline off.
         if p.senders:
-            c = p.cores.get(r)
-            here = {ev.sender for ev in p.records_of.get(r, ()) if isinstance(ev, core.Announced)}
-            counted = others & (p.senders | here | (set(c.first_seen) if c is not None else set()))
+            counted = others & (p.senders | self._announced(p, r).keys())
         else:
             counted = others
         return core.View(trainers=others, counted=counted, present=others, live=others | {p.id}, ahead=ahead)
@@ -708,6 +709,14 @@ class Simulation:
         if act is not None:
             self._resync(p, r, st.winners, fork=act == "fork")
 
+    def _newest_offer(self, p: VPeer, links: set[chain.Link], after: int = -2) -> Any:
+        """The newest state offered in p's sight whose newest link is in ``links`` (the winning chain's) and
+        past round ``after``, from a peer p can reach now (a tie: the lowest id); None without one."""
+        offers = [(-t[-1][0], q, offer) for q, (seen, t, offer) in p.records.items()
+                  if q != p.id and t and offer is not None and self._fresh(p, q, seen) and t[-1] in links
+                  and t[-1][0] > after and self.peers[q].alive and self._linked(p, self.peers[q])]
+        return min(offers, key=lambda o: o[:2])[2] if offers else None
+
     def _resync(self, p: VPeer, r: int, winners: tuple[str, ...], fork: bool) -> None:
         """Adopt the newest state offered in p's sight on the winning chain (an offer whose newest link the
         winners' tails list, from a peer p can reach now; a tie to the lowest id), as statesync.newest_offers.
@@ -715,14 +724,12 @@ class Simulation:
         node's does, then carries on with its own state."""
         tails = self._tails(p, with_me=False)
         links = {link for w in winners for link in tails.get(w, ())}
-        offers = [(-t[-1][0], q, offer) for q, (seen, t, offer) in p.records.items()
-                  if q != p.id and t and offer is not None and self._fresh(p, q, seen) and t[-1] in links
-                  and self.peers[q].alive and self._linked(p, self.peers[q])]
-        if not offers:
+        offer = self._newest_offer(p, links)
+        if offer is None:
             self.no_offer += 1
             p.busy_until = max(p.busy_until, self.now + (FORK_SYNC_S if fork else self.sc.params.max_wait_s))
             return
-        _, _, (tail, hashes, applied, ledger) = min(offers, key=lambda o: o[:2])
+        tail, hashes, applied, ledger = offer
         newest = tail[-1][0]
         p.resyncs += 1
         self.repairs.append(newest - r)

@@ -114,7 +114,9 @@ class View:
     ``trainers``: other training peers keeping up with the round; ``counted``: those of them whose records
     hold a deadline off (Membership.keeping_up); ``leaving``: announced departures; ``present``: eligible
     witnesses with a record in sight no more than four rounds behind; ``live``: every training member;
-    ``ahead``: training members two or more rounds past this round."""
+    ``ahead``: training members two or more rounds past this round; ``voting``: the training members whose
+    vote holds a round open (Membership.votes: the recent contributors; None: every live one); ``banned``:
+    witnesses proven to equivocate (by this peer or another: never counted again)."""
 
     trainers: frozenset[str] = frozenset()
     counted: frozenset[str] = frozenset()
@@ -122,6 +124,8 @@ class View:
     present: frozenset[str] = frozenset()
     live: frozenset[str] = frozenset()
     ahead: frozenset[str] = frozenset()
+    voting: frozenset[str] | None = None
+    banned: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -252,7 +256,26 @@ class RoundCore:
 
     def step(self, event: Event) -> list[Action]:
         """Take one event; return what to do now (a ``Wake`` last when the core waits for time)."""
+        return self.steps([event])
+
+    def steps(self, events: list[Event]) -> list[Action]:
+        """Take events that happened together (one poll of the shell's), then decide once, at the latest one's
+        time: a batch is judged as a whole (a deadline that fell before this poll must not end collecting
+        between an announcement and the verification that came with it)."""
         out: list[Action] = []
+        for event in events:
+            out += self._absorb(event)
+        now = max(e.now for e in events)
+        if self.phase == "collect":
+            out += self._collect(now)
+        if self.phase == "deciding":
+            out += self._decide(now)
+        wake = self._next_wake(now)
+        if wake is not None:
+            out.append(Wake(wake))
+        return out
+
+    def _absorb(self, event: Event) -> list[Action]:
         if isinstance(event, Announced):
             self.first_seen.setdefault(event.sender, event.first_seen)
         elif isinstance(event, FetchStarted):
@@ -264,18 +287,13 @@ class RoundCore:
         elif isinstance(event, FetchEnded):
             self.fetching.discard(event.sender)
         elif isinstance(event, ReportSeen):
-            out += self._seen(event.report)
+            return self._seen(event.report)
         elif isinstance(event, Members):
             self.view = event.view
-        now = event.now
-        if self.phase == "collect":
-            out += self._collect(now)
-        if self.phase == "deciding":
-            out += self._decide(now)
-        wake = self._next_wake(now)
-        if wake is not None:
-            out.append(Wake(wake))
-        return out
+            for w in event.view.banned - self.banned:
+                self.banned.add(w)
+                self.reports.pop(w, None)
+        return []
 
     def own_update(self, now: float, digest: str) -> list[Action]:
         """This peer announced (and verified) its own update."""
@@ -291,6 +309,8 @@ class RoundCore:
         first = self.reports.get(r.witness)
         if first is None:
             self.reports[r.witness] = r
+            return []
+        if r.witness == self.me:  # our own report is the one we published (a stale replica says nothing)
             return []
         if first.digest != r.digest or first.fps != r.fps or first.abstain != r.abstain:
             self.banned.add(r.witness)
@@ -401,7 +421,7 @@ class RoundCore:
             # nobody will report on this round on our chain: every other trainer is past it, sat it out, or
             # reported on another chain (the two peers of one side of a healed split both sat a round out, the
             # other side's reports were on its own chain, and both waited out max_wait_s while it ran on)
-            others = set(self.view.live) - {self.me}
+            others = set(self.view.live if self.view.voting is None else self.view.voting) - {self.me}
             if others and others <= set(self.view.ahead) | self._abstaining() | self.elsewhere:
                 return out + self._end("passed by")
         if now >= hard_stop:

@@ -1,9 +1,13 @@
-"""The round's decision on real transports: witness reports counted at the deadline and again before the
-round is applied, equivocation, and when a peer stops waiting for a round."""
+"""The round's decision on real transports: the round's core (protocol/round.py) run by its shell
+(agreement.py) over real DHT records and streams. Witness reports counted at the deadline and again
+before the round is applied, reports read from their witnesses, equivocation proven and shared, and when a
+peer stops waiting for a round. Each round here is past collecting at once: its updates were announced a
+minute ago (their deadline passed) and verified as each test says."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -11,6 +15,7 @@ from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm.agreement import Agreement, Verdict
 from gradnode.node.swarm.equivocation import Equivocators
 from gradnode.node.swarm.membership import Membership
+from gradnode.protocol import round as core
 from gradnode.protocol.records import Report, pack
 
 pytestmark = pytest.mark.swarm
@@ -25,10 +30,19 @@ def _agreement(members: Membership, me: str, eligible: list[str], *, witness: bo
                      round_seconds=1.0, leaving=threading.Event(), seed=SEED, equivocators=equivocators)
 
 
+def _collected(g: Agreement, announced: list[str], verified: list[tuple[str, str]] = ()) -> None:
+    """g's round past collecting: ``announced`` announced a minute ago (the deadline passed), ``verified``
+    fetched and verified; a witness publishes its report now (what it verified)."""
+    now = time.monotonic()
+    g.poll(now, [core.Announced(now, s, now - 60.0) for s in announced] +
+           [core.Verified(now, s, d) for s, d in verified])
+    assert g.core.phase != "collect", g.core.phase
+
+
 def _decide(agreement: Agreement) -> tuple[Verdict | None, str]:
     """The first count's verdict and how it ended (Agreement.ended): what the tests assert instead of how
     long it took, which depends on the machine's load."""
-    return agreement.decide(threading.Event(), lambda: None), agreement.ended
+    return agreement.decide(threading.Event(), lambda: []), agreement.ended
 
 
 def _members(transports) -> list[Membership]:
@@ -56,20 +70,26 @@ def test_a_round_every_other_trainer_passed_is_given_up_not_waited_out(trio) -> 
     ma, mb, mc = (Membership(t, t.identity, RUN, ttl=30.0) for t in trio)
     common = dict(training=True, step_seconds=1.0, inner_steps=4, tokens_per_s=1.0, rejected=0, loss=None)
 
+    both = [a.peer_id, b.peer_id]
     assert ma.publish(round_=17, **common) and mb.publish(round_=21, **common)
-    outcome, ended = _decide(_agreement(mc, c.peer_id, [a.peer_id, b.peer_id], witness=False, round_=16,
-                                        max_wait_s=8.0))
+    g = _agreement(mc, c.peer_id, both, witness=False, round_=16, max_wait_s=8.0)
+    _collected(g, both)
+    outcome, ended = _decide(g)
     assert outcome is None and ended == "max wait", ended  # a (at 17) might still report: the full wait
 
     assert ma.publish(round_=19, **common)
     # both passed it: given up once no live peer's report turned up either (the grace and one more window,
     # about 4 s); a max_wait_s of a minute leaves a loaded machine room to see that before the wait runs out
-    outcome, ended = _decide(_agreement(mc, c.peer_id, [a.peer_id, b.peer_id], witness=False, round_=16))
+    g = _agreement(mc, c.peer_id, both, witness=False, round_=16)
+    _collected(g, both)
+    outcome, ended = _decide(g)
     assert outcome is None and ended == "passed by", ended
 
     assert mb.write("reports", 16, Report(run_id=RUN, round=16, witness=b.peer_id, seed=SEED,
                                           included=pack([_update(b.peer_id)])))
-    outcome, ended = _decide(_agreement(mc, c.peer_id, [a.peer_id], witness=False, round_=16))
+    g = _agreement(mc, c.peer_id, [a.peer_id], witness=False, round_=16)
+    _collected(g, both)
+    outcome, ended = _decide(g)
     assert outcome is not None and outcome.witnesses == 1 and outcome.fps == pack([_update(b.peer_id)])
 
 
@@ -90,12 +110,12 @@ def test_a_report_the_dht_does_not_show_is_read_from_its_witness(trio) -> None:
     signed = ma.sign(Report(run_id=RUN, round=16, witness=a.peer_id, seed=SEED, included=pack([_update(a.peer_id)])))
     b.blobs.put(report_record_name(RUN, 16, b.peer_id), signed.to_bytes())  # a's report under b's name
     g = _agreement(mc, c.peer_id, [b.peer_id], witness=False, round_=16)
-    g.ask({b.peer_id}, wait_s=30.0)
-    assert g.reports() == {}  # not b's: refused
+    assert g.ask({b.peer_id}, wait_s=30.0) == [] and g.reports() == {}  # not b's: refused
     a.blobs.put(report_record_name(RUN, 16, a.peer_id), signed.to_bytes())
     assert mc.read("reports", 16, Report) == []  # the DHT shows none
-    verdict, ended = _decide(_agreement(mc, c.peer_id, [a.peer_id, b.peer_id], witness=False, round_=16,
-                                        max_wait_s=60.0))
+    g = _agreement(mc, c.peer_id, [a.peer_id, b.peer_id], witness=False, round_=16, max_wait_s=60.0)
+    _collected(g, [a.peer_id, b.peer_id])
+    verdict, ended = _decide(g)
     assert verdict is not None and verdict.witnesses == 1 and verdict.fps == pack([_update(a.peer_id)]), ended
     assert ended == "asked", ended  # read from its witness after the grace, not counted at max_wait_s
 
@@ -109,9 +129,9 @@ def test_a_censoring_witness_keeps_out_nothing_the_others_verified(trio) -> None
     ma, mb, mc = _members(trio)
     everything = [_update(p) for p in ids]
     ga, gb, gc = (_agreement(m, t.peer_id, ids, witness=True) for m, t in ((ma, a), (mb, b), (mc, c)))
-    gc.report([_update(c.peer_id)])
-    ga.report(everything)
-    gb.report(everything)
+    _collected(gc, ids, [_update(c.peer_id)])  # c verified only its own (or says so)
+    _collected(ga, ids, everything)
+    _collected(gb, ids, everything)
     assert gc.reports()[c.peer_id].included == pack([_update(c.peer_id)])  # the censor's list
     for g in (ga, gb, gc):
         verdict, ended = _decide(g)
@@ -131,19 +151,17 @@ def test_a_report_that_came_late_for_one_peer_splits_nobody(trio) -> None:
     ma, mb, mc = _members(trio)
     ga, gb, gc = (_agreement(m, t.peer_id, ids, witness=True, grace_s=0.0) for m, t in ((ma, a), (mb, b), (mc, c)))
     full = [_update(p) for p in ids]
-    ga.report([_update(a.peer_id), _update(c.peer_id)])
-    gb.report([_update(a.peer_id), _update(b.peer_id)])
-    gb.eligible = {a.peer_id, b.peer_id}  # b decides while c's report is out of its sight
-    first_b, _ = _decide(gb)
-    gb.eligible = set(ids)
-    assert first_b is not None and first_b.fps == pack([_update(a.peer_id)]) and first_b.witnesses == 2
-    gc.report(full)
+    _collected(ga, ids, [_update(a.peer_id), _update(c.peer_id)])
+    _collected(gb, ids, [_update(a.peer_id), _update(b.peer_id)])
+    first_b, ended = _decide(gb)  # c has not reported yet: b counts a's and b's when its grace period ends
+    assert first_b is not None and first_b.fps == pack([_update(a.peer_id)]) and first_b.witnesses == 2, ended
+    _collected(gc, ids, full)
     first_a, _ = _decide(ga)
     first_c, _ = _decide(gc)
     assert first_a.fps == first_c.fps == pack(full) != first_b.fps  # the split, as each first count gives it
-    second_b = gb.settle(first_b)
+    second_b = gb.settle()
     assert second_b is not None and second_b.fps == pack(full) and second_b.witnesses == 3
-    assert ga.settle(first_a) is first_a and gc.settle(first_c) is first_c  # unchanged where nothing came late
+    assert ga.settle() is first_a and gc.settle() is first_c  # unchanged where nothing came late
 
 
 def test_reports_of_keys_outside_the_eligible_witnesses_move_nobody(trio, tmp_path) -> None:
@@ -170,9 +188,10 @@ def test_reports_of_keys_outside_the_eligible_witnesses_move_nobody(trio, tmp_pa
         for m, t in ((md, d), (me, e)):
             _agreement(m, t.peer_id, [d.peer_id, e.peer_id], witness=True).report([_update(d.peer_id)])
         gc = _agreement(mc, c.peer_id, both, witness=False)
+        _collected(gc, [a.peer_id, b.peer_id, d.peer_id])
         first, ended = _decide(gc)
         assert first is not None and first.fps == pack(ours) and first.witnesses == 2 and ended != "max wait"
-        assert gc.settle(first) is first
+        assert gc.settle() is first
     finally:
         for t in extra:
             t.close()
@@ -192,15 +211,15 @@ def test_a_witness_that_rewrites_its_report_is_caught_and_no_longer_counted(trio
     ga = _agreement(ma, a.peer_id, ids, witness=True, equivocators=ea)
     gb = _agreement(mb, b.peer_id, ids, witness=True)
     both = [_update(a.peer_id), _update(b.peer_id)]
-    ga.report(both)
-    gb.report(both)
+    _collected(ga, ids, both)
+    _collected(gb, ids, both)
     first, _ = _decide(ga)
     assert first is not None and first.fps == pack(both) and b.peer_id not in ea
     assert mb.write("reports", 5, Report(run_id=RUN, round=5, witness=b.peer_id, seed=SEED,
                                          included=pack([_update(b.peer_id)])))
     gc = _agreement(mc, c.peer_id, ids, witness=False, equivocators=ec)
     assert gc.reports()[b.peer_id].included == pack([_update(b.peer_id)]) and b.peer_id not in ec
-    second = ga.settle(first)
+    second = ga.settle()
     assert b.peer_id in ea and b.peer_id not in ga.reports()  # no longer counted
     assert second is not None and second.fps == first.fps  # a's own report lists both: the same set
     ec.refresh()  # c learns it from a's equivocation record and checks the proof itself

@@ -37,11 +37,10 @@ import msgpack
 
 from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm import adversary
-from gradnode.node.swarm.clock import window_s
+from gradnode.node.swarm.clock import params
 from gradnode.node.swarm.equivocation import Equivocators
 from gradnode.node.swarm.membership import Membership
 from gradnode.protocol import round as core
-from gradnode.protocol import witness
 from gradnode.protocol.records import (
     MAX_PEERS_PER_ROUND,
     MAX_RECORD_BYTES,
@@ -77,57 +76,117 @@ class Verdict:
 
 
 class Agreement:
-    """Round ``round_``'s reports and the set they give, as seen by peer ``me``.
+    """Round ``round_`` as peer ``me`` runs it: the round's core (protocol/round.py, where every rule lives)
+    and the I/O it asks for. ``poll`` reads what the DHT holds now (member records, this round's reports,
+    equivocation bans), turns it and the exchange's events into the core's events, and carries out the
+    core's actions: publish this peer's report, ask witnesses for theirs, ban an equivocator. No rule is
+    decided here.
 
     ``eligible``: the round's eligible witnesses (``eligible_witnesses``); empty means "the live trainers,
-    read when the decision starts". ``witness``: False for an observer (no update of its own this round),
-    which reports nothing and never counts itself. ``seed``: the state hash the previous round agreed on
-    (this peer's chain): only reports made on it count."""
+    read when the decision starts". ``witness``: False for an observer (no update of its own this round, or
+    one that reported on the round before a restart), which reports nothing and never counts itself.
+    ``seed``: the state hash the previous round agreed on (this peer's chain): only reports made on it count.
+    ``start``: when the round's exchange began (monotonic seconds)."""
 
     def __init__(self, *, members: Membership, cfg: SwarmConfig, run_id: str, round_: int, me: str,
                  eligible: list[str] | None, witness: bool, round_seconds: float, leaving: threading.Event,
-                 seed: str, equivocators: Equivocators | None = None) -> None:
+                 seed: str, equivocators: Equivocators | None = None, start: float | None = None) -> None:
         self.members, self.cfg, self.run_id, self.round, self.me = members, cfg, run_id, round_, me
-        self.seed, self.witness, self.round_seconds, self.leaving = seed, witness, round_seconds, leaving
-        self.eligible = set(eligible or ()) - (set() if witness else {me})
+        self.seed, self.witness, self.leaving = seed, witness, leaving
         self.equivocators = equivocators or Equivocators(members, run_id)
+        self.core = core.RoundCore(params(cfg), round_, me, frozenset(eligible or ()), witness, seed, round_seconds,
+                                   time.monotonic() if start is None else start)
         self.reported = False
-        self.live_fallback = False  # no eligible witness reported: the live trainers' reports were counted
-        # how the first count ended: 'all reported', 'grace' (counted what came by the grace period), 'asked'
-        # (reports read from their witnesses), 'live fallback', 'passed by' (given up), 'max wait', 'stopped'
+        self.verdict: Verdict | None = None  # the first count's set (None: undecided)
+        # how the first count ended (core.Decided.how), or 'stopped'; '' while undecided
         self.ended = ""
         self._mine: Report | None = None
-        self._first: dict[str, Report] = {}  # witness -> its first report on our chain seen: it is final
-        self._direct: dict[str, Report] = {}  # reports read from their authors, not from the DHT (``ask``)
-        self._elsewhere: set[str] = set()  # witnesses seen reporting on another chain (core.RoundCore.elsewhere)
-        self._asked_at = 0.0
+        self._records: dict[tuple[str, bytes], Report] = {}  # (witness, digest) -> its signed record
+        self._direct: list[Report] = []  # reports read from their authors, not from the DHT (``ask``)
+        self._wake = 0.0  # when the core wants the time again (core.Wake)
+
+    # --- the core's events and actions --------------------------------------------------------------
+
+    def poll(self, now: float, events: list[core.Event] = ()) -> bool:
+        """One turn: what the member records say now (first: the core must never judge a round on an empty view),
+        the exchange's ``events``, this round's reports as they stand, then the time; True once decided."""
+        self._act(self.core.steps([core.Members(now, self.view()), *events,
+                                   *(core.ReportSeen(now, r) for r in self._read()), core.Tick(now)]))
+        return self.core.phase == "decided"
+
+    def decide(self, stop: threading.Event, tick: Callable[[], list[core.Event]]) -> Verdict | None:
+        """Poll until the core decides (or ``stop``): ``tick`` runs the exchange's fetches and returns what
+        they gave. None: no report came (the second count may still find some)."""
+        while not stop.is_set():
+            if self.poll(time.monotonic(), tick()):
+                return self.verdict
+            stop.wait(max(0.01, min(POLL_S, self._wake - time.monotonic())))
+        self.ended = self.ended or "stopped"
+        return self.verdict
+
+    def _act(self, actions: list[core.Action]) -> None:
+        for a in actions:
+            if isinstance(a, core.PublishReport):
+                self.report(list(a.pairs))
+            elif isinstance(a, core.AskWitnesses):
+                got = self.ask(set(a.witnesses), a.wait_s)
+                self._act(self.core.asked(time.monotonic(), [self._as_core(p) for p in got]))
+            elif isinstance(a, core.Equivocated):
+                self.equivocators.caught(self._records[a.first.witness, a.first.digest],
+                                         self._records[a.second.witness, a.second.digest])
+            elif isinstance(a, core.Decided):
+                self.ended = a.how
+                self.verdict = None if a.fps is None else Verdict(a.fps, a.witnesses)
+                if a.how == "live fallback":
+                    log.warning("round=%d: none of the %d eligible witnesses reported; counted %d live trainers'",
+                                self.round, len(self.core.eligible), a.witnesses)
+                elif a.how == "passed by":
+                    log.warning("round=%d: every other trainer is past it, sat it out or reported on another "
+                                "chain, and nobody reported on ours; giving it up", self.round)
+            elif isinstance(a, core.Wake):
+                self._wake = a.at
+
+    def view(self) -> core.View:
+        """What the member records say about this round (protocol/round.py's View), read now."""
+        members = self.members.members()
+        trainers, counted = self.members.keeping_up(self.round, self.core.first_seen)
+        votes = self.members.votes()
+        training = {p for p, m in members.items() if m.training}
+        return core.View(
+            trainers=frozenset(trainers), counted=frozenset(counted), leaving=frozenset(self.members.leaving()),
+            present=frozenset(p for p, m in members.items() if m.round >= self.round - 4),
+            live=frozenset(training), ahead=frozenset(p for p in training if members[p].round >= self.round + 2),
+            voting=frozenset(p for p in training if votes(p)), banned=frozenset(self.equivocators.peers()))
+
+    def _as_core(self, p: Report) -> core.Report:
+        digest = report_digest(p).encode()  # what it says (two witnesses' may be alike)
+        self._records.setdefault((p.witness, digest), p)
+        return core.Report(p.witness, p.seed, p.included, p.abstain, digest)
+
+    def _read(self) -> list[core.Report]:
+        """This round's reports as the DHT holds them now, the ones read from their witnesses, and our own."""
+        read = self.members.read("reports", self.round, Report) + self._direct
+        if self._mine is not None:
+            read.append(self._mine)  # our own, whether or not the DHT read returned it yet
+        return [self._as_core(p) for p in read if p.round == self.round]
 
     # --- reports ----------------------------------------------------------------------------------
 
     def reports(self) -> dict[str, Report]:
-        """This round's reports on this peer's chain, by witness, as they stand now, and the abstentions. A
-        witness seen with two different ones (across reads too) is caught (equivocation.py) and dropped. A
-        report on another chain is never counted: its author applied another previous round."""
-        out: dict[str, Report] = {}
-        read = self.members.read("reports", self.round, Report) + list(self._direct.values())
-        if self._mine is not None:
-            read.append(self._mine)  # our own, whether or not the DHT read returned it yet
-        for p in read:
-            if p.round == self.round and p.seed != self.seed and not p.abstain:
-                self._elsewhere.add(p.witness)
-            if p.round != self.round or (p.seed != self.seed and not p.abstain) or p.witness in self.equivocators:
-                continue
-            first = self._first.setdefault(p.witness, p)
-            if report_digest(first) != report_digest(p):
-                self.equivocators.caught(first, p)
-                continue
-            out[p.witness] = p
-        return {w: p for w, p in out.items() if w not in self.equivocators}
+        """The reports the core counts from (this round's, on this peer's chain, from witnesses not caught
+        equivocating), and the abstentions, by witness, as they stand now."""
+        self.poll(time.monotonic())
+        return {w: self._records[w, r.digest] for w, r in self.core.reports.items()}
+
+    def abstaining(self) -> set[str]:
+        """Witnesses that said they sit this round out."""
+        return {w for w, p in self.reports().items() if p.abstain}
 
     def report(self, verified: list[tuple[str, str]]) -> None:
         """Publish the (sender, digest) pairs this peer verified; nothing from an observer or once it
         announced its departure (the others stopped waiting for it)."""
         if not self.witness or self.leaving.is_set():
+            self.core.reports.pop(self.me, None)  # nothing of ours for anyone to count
             return
         verified = adversary.reported(self.cfg, self.round, self.me, verified)
         # the pairs spelled out, served to whoever cannot resolve a fingerprint from the announcements it sees
@@ -139,9 +198,11 @@ class Agreement:
         self.members.transport.store(dht_key(self.run_id, "reports", self.round), self._mine.to_bytes(),
                                      self.members.ttl)
         self.reported = True
+        # what the core counts as ours: what was published (an adversary's edit included)
+        self.core.reports[self.me] = self._as_core(self._mine)
         adversary.equivocate(self.cfg, self.round, self.members, self.run_id, self.me, self.seed, verified)
 
-    def ask(self, witnesses: set[str], wait_s: float) -> None:
+    def ask(self, witnesses: set[str], wait_s: float) -> list[Report]:
         """Read the reports of ``witnesses`` from the witnesses themselves (each serves its signed report,
         ``report_record_name``), within ``wait_s``: the DHT can hide a record stored once for a while (right
         after a healed split the lookups of the side that adopted the other's chain did not reach the nodes
@@ -150,7 +211,7 @@ class Agreement:
         sources = self.members.sources(sorted(witnesses - {self.me}))
         jobs = [([src], report_record_name(self.run_id, self.round, src[0])) for src in sources]
         if not jobs:
-            return
+            return []
 
         def parsed(name: str, data: bytes) -> Report | None:  # no signature check here: it may read the DHT,
             try:                                                # and this runs on the transport's event loop
@@ -161,124 +222,26 @@ class Agreement:
 
         got = self.members.transport.fetch_many(jobs, max_bytes=MAX_RECORD_BYTES, deadline=time.monotonic() + wait_s,
                                                 verify=lambda name, data: parsed(name, data) is not None)
-        for name, data in got.items():
-            p = parsed(name, data)
-            if p is not None and self.members.verify_record(p):
-                self._direct[p.witness] = p
+        found = [p for p in (parsed(name, data) for name, data in got.items())
+                 if p is not None and self.members.verify_record(p)]
+        self._direct += found
+        return found
 
-    def majority_reported(self, live: set[str]) -> bool:
-        """A strict majority of the other witnesses (eligible, else ``live``) reported already: the round is past
-        their deadline, so collecting longer gains this peer nothing."""
-        others = (self.eligible or live) - {self.me}
-        if not others:
-            return False
-        done = sum(1 for w, p in self.reports().items() if w in others and not p.abstain)
-        return 2 * done > len(others)
+    # --- the second count -------------------------------------------------------------------------
 
-    def abstaining(self) -> set[str]:
-        """Witnesses that said they sit this round out."""
-        return {w for w, p in self.reports().items() if p.abstain}
-
-    def _absent(self, reports: dict[str, Report]) -> set[str]:
-        """Eligible witnesses nobody waits for: gracefully departed, abstaining from this round, caught
-        equivocating, out of step, or seen reporting on another chain (its report on ours still counts if one
-        comes)."""
-        return self.members.leaving() | {w for w, p in reports.items() if p.abstain} | set(self.equivocators.peers()) \
-            | self._out_of_step() | self._elsewhere
-
-    def _out_of_step(self) -> set[str]:
-        """Eligible witnesses without a member record in sight, or with one more than four rounds behind this
-        round (a crashed peer's record stops moving; records lag a live peer by up to two rounds, and views
-        of them differ, so the margin is twice that): waiting a grace period for each of them that is gone
-        would slow the rounds after every crash or split. Their reports still count when they come in."""
-        members = self.members.members()
-        return {p for p in self.eligible if p != self.me and (p not in members or members[p].round < self.round - 4)}
-
-    def _passed_by(self, reports: dict[str, Report]) -> bool:
-        """Nobody will report on this round on our chain any more: every other live trainer is two or more rounds
-        past it (it applied this round on its own chain, or adopted a newer state), sat it out, or reported on
-        another chain; waiting out max_wait_s would only leave this peer further behind (both peers of one side
-        of a healed split sat a round out, the other side's reports were of its own chain, and the pair waited
-        60 s while the others ran on to the end). One peer claiming a far round is not enough: all must."""
-        gone = {w for w, p in reports.items() if p.abstain} | self._elsewhere
-        votes = self.members.votes()  # a key that never contributed holds nothing open (one fresh 'training'
-        others = [(p, m) for p, m in self.members.members().items()  # record kept the laggards waiting)
-                  if m.training and p != self.me and votes(p)]
-        return bool(others) and all(m.round >= self.round + 2 or p in gone for p, m in others)
-
-    def _live(self) -> set[str]:
-        return {p for p, m in self.members.members().items() if m.training}
-
-    def _counted(self, reports: dict[str, Report]) -> list[Report]:
-        among = (self._live() | {self.me}) if self.live_fallback else self.eligible
-        return [p for w, p in reports.items() if w in among and not p.abstain]
-
-    # --- the two counts ---------------------------------------------------------------------------
-
-    def decide(self, stop: threading.Event, tick: Callable[[], None]) -> Verdict | None:
-        """The first count, at the deadline: wait for every eligible witness that is not absent, up to a grace
-        period, then take what a strict majority of their reports lists. When no eligible witness reported in
-        two windows (they are gone: crashed, or the network split us from them), the live trainers' reports
-        count instead. ``tick`` runs every poll (the exchange keeps fetching meanwhile). None: no report came
-        (the second count may still find some)."""
-        window = window_s(self.cfg, self.round_seconds)
-        grace_end = time.monotonic() + max(self.cfg.commit_grace_s, window) + POLL_S
-        hard_stop = time.monotonic() + self.cfg.max_wait_s
-        if not self.eligible:
-            self.eligible = self._live() - {self.me} | ({self.me} if self.witness else set())
-        while not stop.is_set():
-            tick()
-            reports = self.reports()
-            counted = self._counted(reports)
-            waiting = self.eligible - set(reports) - self._absent(reports) - {self.me}
-            now = time.monotonic()
-            if counted and (not waiting or now >= grace_end):
-                return self._end("all reported" if not waiting else "grace", counted)
-            if now >= grace_end and now - self._asked_at >= window:  # the DHT shows none: ask the witnesses
-                self.ask(waiting or (self.eligible - {self.me}), wait_s=min(window, 5.0))
-                self._asked_at = time.monotonic()
-                counted = self._counted(self.reports())
-                if counted:
-                    return self._end("asked", counted)
-            if not counted and now >= grace_end + window:
-                self.live_fallback = True
-                counted = self._counted(reports)
-                if counted:
-                    log.warning("round=%d: none of the %d eligible witnesses reported; counting %d live trainers'",
-                                self.round, len(self.eligible), len(counted))
-                    return self._end("live fallback", counted)
-                self.live_fallback = False
-                if self._passed_by(reports):
-                    log.warning("round=%d: every other trainer is past it, sat it out or reported on another "
-                                "chain, and nobody reported on ours; giving it up",
-                                self.round)
-                    return self._end("passed by", [])
-            if now >= hard_stop:
-                return self._end("max wait", counted)
-            time.sleep(POLL_S)
-        return self._end("stopped", [])
-
-    def _end(self, how: str, counted: list[Report]) -> Verdict | None:
-        self.ended = how
-        return self._verdict(counted) if counted else None
-
-    def settle(self, first: Verdict | None) -> Verdict | None:
+    def settle(self) -> Verdict | None:
         """The second count, just before the round is applied: the reports as they stand now, counted by the
-        same rule. A report that came after the first count (late for this peer) is in, so every peer counts
-        the same reports; ``first`` stands when they give the same set, or when none is counted now."""
-        counted = self._counted(self.reports())
-        if not counted:
-            return first
-        again = self._verdict(counted)
-        if first is not None and again.fps == first.fps:
-            return first
+        same rule (core.RoundCore.settle). The first count's set stands when they give the same, or none."""
+        self.poll(time.monotonic())
+        found = self.core.settle()
+        if found is None:
+            return None
+        if self.verdict is not None and found[0] == self.verdict.fps:
+            return self.verdict
         log.warning("round=%d: the reports as they stand give %d updates from %d witnesses (at the deadline: %s)",
-                    self.round, len(again.fps) // 16, again.witnesses,
-                    "none" if first is None else f"{len(first.fps) // 16} from {first.witnesses}")
-        return again
-
-    def _verdict(self, counted: list[Report]) -> Verdict:
-        return Verdict(witness.witnessed(p.included for p in counted), len(counted))
+                    self.round, len(found[0]) // 16, found[1],
+                    "none" if self.verdict is None else f"{len(self.verdict.fps) // 16} from {self.verdict.witnesses}")
+        return Verdict(*found)
 
     def witnesses_listing(self, fps: list[bytes], reports: dict[str, Report]) -> list[str]:
         """The witnesses whose ``reports`` list any of ``fps``: where to ask for their pairs spelled out."""

@@ -37,12 +37,13 @@ from typing import Any, Callable, Iterable
 
 from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm import adversary
-from gradnode.node.swarm.agreement import POLL_S, Agreement, Verdict, spelled_out
-from gradnode.node.swarm.clock import deadline_from, window_s
+from gradnode.node.swarm.agreement import Agreement, Verdict, spelled_out
+from gradnode.node.swarm.clock import window_s
 from gradnode.node.swarm.equivocation import Equivocators
 from gradnode.node.swarm.membership import Membership, kept_for_catchup
 from gradnode.node.swarm.rules import JUDGEMENTS, UpdateRules
 from gradnode.node.swarm.transport import Transport
+from gradnode.protocol import round as core
 from gradnode.protocol.records import (
     MAX_PEERS_PER_ROUND,
     Holdings,
@@ -146,15 +147,15 @@ class RoundExchange(threading.Thread):
         self.agreement = Agreement(members=membership, cfg=cfg, run_id=run_id, round_=round_, me=self.me,
                                    eligible=eligible, witness=not self.observer and witness,
                                    round_seconds=round_seconds, leaving=leaving or threading.Event(), seed=seed,
-                                   equivocators=equivocators)
+                                   equivocators=equivocators, start=time.monotonic())
         self.digest = hashlib.sha256(blob).hexdigest() if blob is not None else ""
         self.verified: dict[str, _Verified] = {}
-        self.first_seen: dict[str, float] = {}
         self.announced: dict[str, UpdateAnnouncement] = {}
         self._fetching: dict[str, Any] = {}
         self._rejected: set[tuple[str, str]] = set()
         self.doubted: set[str] = set()  # senders whose update this witness's loss check judged harmful
-        self._reported = False
+        self.agreement.core.doubted = self.doubted  # left out of this witness's report by the core
+        self._events: list[core.Event] = []  # what the fetches gave since the core's last turn
         self._claiming = False  # testing aid: the 'slowhold' adversary lists updates it does not hold
         self.verdict: Verdict | None = None  # the set this peer's reports gave
         self._outcome: Outcome | None = None
@@ -170,7 +171,7 @@ class RoundExchange(threading.Thread):
         if not self._done.wait(timeout):
             return self._outcome
         try:
-            settled = self.agreement.settle(self.verdict)
+            settled = self.agreement.settle()
             if settled is not None and settled is not self.verdict:
                 self.verdict = settled
                 self._outcome = self._assemble(settled, recounted=True)
@@ -184,10 +185,11 @@ class RoundExchange(threading.Thread):
         try:
             if not self.observer:
                 self._announce()
-            self._collect()
-            self.agreement.report([(s, v.digest) for s, v in self.verified.items() if s not in self.doubted])
-            self._reported = True
+            # the round's core collects, reports, waits for the witnesses and decides (protocol/round.py); this
+            # thread feeds it what the fetches give, every poll
             self.verdict = self.agreement.decide(self.stop_event, tick=self._tick)
+            log.info("round=%d decided how=%s collect=%s verified=%d", self.round, self.agreement.ended,
+                     self.agreement.core.collect_why, len(self.verified))
             self._outcome = self._assemble(self.verdict)
         except Exception:  # a bug here must not kill the peer; the round counts as undecided
             log.exception("exchange crashed round=%d", self.round)
@@ -206,7 +208,10 @@ class RoundExchange(threading.Thread):
             log.error("own update of round=%d fails verification", self.round)
         else:
             self.verified[self.me] = _Verified(self.digest, decoded)
-        self.first_seen[self.me] = time.monotonic()
+        now = time.monotonic()
+        self._events.append(core.Announced(now, self.me, now))
+        if decoded is not None:
+            self._events.append(core.Verified(now, self.me, self.digest))
         if self.cfg.client_mode:
             self._push(name)
         adversary.flood_pushes(self.cfg, self.round, self.blob, name, self._others(), self._push_to_all)
@@ -226,51 +231,6 @@ class RoundExchange(threading.Thread):
         targets = self.members.sources(random.sample(reachable, min(self.cfg.push_peers, len(reachable))))
         accepted = self.transport.push(targets, name, self.blob, deadline=time.monotonic() + self.cfg.max_wait_s / 4)
         log.info("update pushed round=%d to=%d accepted=%d", self.round, len(targets), accepted)
-
-    def _collect(self) -> None:
-        """Fetch announced updates until every live trainer's update is in, or until the deadline and then
-        until the updates announced by then are verified (at most one more deadline window): a witness reports
-        what it verified, and an update is in the round only when most witnesses list it, so a report cut at
-        the deadline while the fetches of in-time updates were still running left those updates out (8 peers
-        on 2 cores: every witness had verified its own update alone, and the rounds applied nothing)."""
-        hard_stop = time.monotonic() + self.cfg.max_wait_s
-        awaited: set[str] | None = None  # the updates announced by the deadline: what the report waits for
-        finish_by = hard_stop
-        while not self.stop_event.is_set() and time.monotonic() < min(hard_stop, finish_by):
-            self._tick()
-            # live: the counted trainers keeping up (Membership.keeping_up: the last round's senders and this
-            # round's announcers). Another trainer (a newcomer, or a key made in bulk) holds no deadline off,
-            # but while one is in sight the round runs to its deadline: a newcomer's first update gets the
-            # window to arrive in
-            trainers, live = self.members.keeping_up(self.round, self.announced)
-            live |= self._me_if_sender()
-            if not live <= set(self.verified):  # stragglers that said they sit this round out are not waited for
-                sitting_out = self.agreement.abstaining()
-                trainers, live = trainers - sitting_out, live - sitting_out
-            deadline = deadline_from(self.first_seen, len(live), self.round_seconds, self.cfg)
-            everyone = live <= set(self.verified) and trainers <= live
-            # most witnesses reported and no fetch is under way: the round is past their deadline, and waiting
-            # for updates not even announced gains nothing (an update in flight is waited for: a witness that
-            # cut it short once left an honest update one report short of the majority)
-            moved_on = not self._fetching and self.agreement.majority_reported(live)
-            if awaited is None and deadline is not None and time.monotonic() >= deadline:
-                # the updates of recent contributors (all, in a run's first round) announced by now: a key that
-                # never contributed cannot stretch every round by announcing an update it never serves
-                known = self.agreement.eligible
-                awaited = {s for s in self.announced if not known or s in known}
-                finish_by = time.monotonic() + window_s(self.cfg, self.round_seconds)
-            fetched = awaited is not None and not any(s in self._fetching for s in awaited)
-            if everyone or moved_on or fetched:
-                log.info("collect done round=%d verified=%d live=%d why=%s", self.round, len(self.verified),
-                         len(live), "everyone" if everyone else "others reported" if moved_on else "deadline")
-                return
-            time.sleep(POLL_S)
-        log.info("collect done round=%d verified=%d announced=%d why=deadline and a window", self.round,
-                 len(self.verified), len(self.announced))
-
-    def _me_if_sender(self) -> set[str]:
-        """{this peer} when it sent an update this round; an observer counts neither as live nor eligible."""
-        return set() if self.observer else {self.me}
 
     def _spell_out(self, fps: bytes) -> tuple[list[tuple[str, str]], int]:
         """The (sender, digest) pairs ``fps`` name, and how many it names that stayed unknown: resolved against
@@ -341,10 +301,13 @@ class RoundExchange(threading.Thread):
 
     # --- announcements and fetches ----------------------------------------------------------------
 
-    def _tick(self) -> None:
-        """One poll of the fetch machinery: start fetches of new announcements, verify finished ones."""
+    def _tick(self) -> list[core.Event]:
+        """One poll of the fetch machinery: start fetches of new announcements, verify finished ones; what
+        happened, as the core's events."""
         self._scan()
         self._reap()
+        events, self._events = self._events, []
+        return events
 
     def _scan(self) -> None:
         ignored = set(self.rejections.ignored(self.round))
@@ -355,7 +318,8 @@ class RoundExchange(threading.Thread):
                 self._reject(ann.sender, "oversized")
                 continue
             self.announced[ann.sender] = ann
-            self.first_seen.setdefault(ann.sender, time.monotonic())
+            now = time.monotonic()
+            self._events.append(core.Announced(now, ann.sender, now))
             if ann.sender != self.me:
                 self._start_fetch(ann.sender, ann.digest, time.monotonic() + self.cfg.max_wait_s)
                 if adversary.claim(self.cfg, self.round, self.transport.blobs,
@@ -382,6 +346,7 @@ class RoundExchange(threading.Thread):
         fut = self.transport.submit(self.transport.fetch_async(
             self._holders(sender, digest), name, max_bytes=self.cfg.max_update_bytes, deadline=deadline, verify=check))
         self._fetching[sender] = (fut, digest)
+        self._events.append(core.FetchStarted(time.monotonic(), sender))
 
     def _reap(self) -> None:
         """Verify finished fetches; serve what verified (gossip) and say so in the DHT."""
@@ -391,12 +356,12 @@ class RoundExchange(threading.Thread):
                 continue
             del self._fetching[sender]
             blob = fut.result() if fut.exception() is None else None
-            if blob is None:
-                continue
-            decoded = self._decode(sender, blob)
+            decoded = None if blob is None else self._decode(sender, blob)
             if decoded is None:
+                self._events.append(core.FetchEnded(time.monotonic(), sender))
                 continue
             self.verified[sender] = _Verified(digest, decoded)
+            self._events.append(core.Verified(time.monotonic(), sender, digest))
             self.transport.blobs.put(update_name(self.run_id, self.round, sender), blob)
             grew = True
         if grew:
@@ -427,7 +392,7 @@ class RoundExchange(threading.Thread):
         if reason is not None:
             self._reject(sender, reason)
             return None
-        if self.judge is not None and sender != self.me and not self._reported:
+        if self.judge is not None and sender != self.me and not self.agreement.reported:
             norms = [v.update.norm for v in self.verified.values()]
             verdict = self.judge(upd, statistics.median(norms) if norms else None)
             if verdict is not None:

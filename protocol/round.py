@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Collection, Iterable, Mapping, Union
 
 from gradnode.protocol import witness as witness_rule
 from gradnode.protocol.records import pack
@@ -126,6 +126,42 @@ class View:
     ahead: frozenset[str] = frozenset()
     voting: frozenset[str] | None = None
     banned: frozenset[str] = frozenset()
+
+
+def view_of(records: Mapping[str, tuple[int, bool]], me: str, round_: int, *, announced: Iterable[str] = (),
+            workers: Collection[str] = (), voters: Collection[str] = (), leaving: Iterable[str] = (),
+            banned: Iterable[str] = ()) -> View:
+    """What the member records in sight say about round ``round_``, to peer ``me``: who is keeping up, who
+    counts, who votes. ``records``: peer -> (the round its record names, whether it trains); ``announced``:
+    who announced an update in the round; ``workers``: the senders of the last round ``me`` applied (empty
+    before any: then everyone counts); ``voters``: the recent contributors (empty: everyone votes).
+
+    Keeping up (``trainers``): a record of round ``round_ - 1`` or later (a silent peer's record stays at its
+    last round), or a sender of the last round whatever its record says (records go out after a round's
+    chores, and in rounds of a fraction of a second they lag two rounds); not one two or more rounds past it
+    (it will never announce in it: a peer left behind after a healed split waited out max_wait_s on each round
+    for them), unless it announced here (a key claiming a far round while announcing would otherwise anchor
+    the deadline without being waited for). Counted: the last round's senders and this round's announcers
+    among them (a key costs nothing to make: a flood of 'training' records of keys that never sent an update
+    would otherwise keep every deadline from starting)."""
+    here, workers = set(announced), set(workers)
+    training = {p for p, (_, t) in records.items() if t}
+    trainers = {p for p in training - {me} if (records[p][0] >= round_ - 1 or not workers or p in workers)
+                and (records[p][0] < round_ + 2 or p in here)}
+    counted = trainers & (workers | here) if workers else trainers
+    return View(trainers=frozenset(trainers), counted=frozenset(counted), leaving=frozenset(leaving),
+                present=frozenset(p for p, (r, _) in records.items() if r >= round_ - 4),
+                live=frozenset(training), ahead=frozenset(p for p in training if records[p][0] >= round_ + 2),
+                voting=frozenset(training & set(voters) if voters else training), banned=frozenset(banned))
+
+
+def pace(times: Mapping[str, float], counted: Collection[str], own: float) -> float:
+    """The swarm's round time: the lower median of the counted trainers' full-round compute times (``own``
+    when nobody reports one). The lower median: of two middle peers the faster, so that a swarm left with one
+    fast peer and one straggler paces its rounds on the fast one (the mean of the two made the fast peer wait
+    for the straggler every round)."""
+    got = sorted(t for p, t in times.items() if t > 0 and p in counted)
+    return got[(len(got) - 1) // 2] if got else own
 
 
 @dataclass(frozen=True)

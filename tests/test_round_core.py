@@ -174,6 +174,84 @@ def test_a_round_nobody_on_our_chain_will_report_on_is_given_up() -> None:
     assert c.decided is not None and c.decided.how == "passed by"
 
 
+def test_a_key_that_never_sent_holds_no_deadline_off_and_votes_nothing() -> None:
+    """Who keeps up and who counts, from the member records in sight (``view_of``): a flood of 'training'
+    records of keys that never sent an update (z, y) are trainers, so the round runs to its deadline while
+    they are in sight, but they are not counted: they never keep a deadline from falling, and they hold no
+    given-up round open. One counts once it announces in the round. Before any round is applied, all count."""
+    records = {"a": (7, True), "b": (7, True), "c": (6, True), "z": (7, True), "y": (9, True), "w": (1, False)}
+    v = rc.view_of(records, "a", 7, workers={"a", "b", "c"}, voters={"a", "b", "c"})
+    assert v.trainers == {"b", "c", "z"} and v.counted == {"b", "c"}  # y claims round 9: past this one
+    assert v.ahead == {"y"} and v.voting == {"a", "b", "c"} and v.live == {"a", "b", "c", "z", "y"}
+    assert v.present == {"a", "b", "c", "z", "y"}  # w's record is more than four rounds behind
+    v = rc.view_of(records, "a", 7, announced={"z", "y"}, workers={"a", "b", "c"})
+    assert v.trainers == {"b", "c", "z", "y"} and v.counted == {"b", "c", "z", "y"}  # it announced: in the round
+    assert v.voting == v.live  # no contributor known: everyone votes
+    v = rc.view_of(records | {"c": (3, True)}, "a", 7)  # before any round: everyone, a silent record too
+    assert v.trainers == v.counted == {"b", "c", "z"}
+    v = rc.view_of(records | {"c": (3, True)}, "a", 7, workers={"c"})  # a sender of the last round keeps up
+    assert v.trainers == {"b", "c", "z"} and v.counted == {"c"}
+    c = core(sender=False)  # a round whose only other trainers are uncounted keys: waited to the deadline
+    c.step(rc.Members(0.0, rc.view_of({"a": (7, True), "z": (7, True)}, "a", 7, workers={"a"})))
+    c.step(rc.Tick(1.0))
+    assert c.phase == "collect" and c._live() == ({"z"}, set())
+
+
+def test_the_pace_is_the_lower_median_of_the_counted_trainers() -> None:
+    assert rc.pace({"a": 1.0, "b": 4.0}, {"a", "b"}, 9.0) == 1.0  # of two, the faster
+    assert rc.pace({"a": 1.0, "b": 4.0, "c": 2.0, "z": 0.1}, {"a", "b", "c"}, 9.0) == 2.0  # z: not counted
+    assert rc.pace({"a": 0.0}, {"a"}, 9.0) == 9.0  # nobody reports one: our own
+
+
+def test_a_key_that_does_not_vote_holds_no_given_up_round_open() -> None:
+    """The round every other trainer passed is given up even while a fresh key's 'training' record is in sight
+    at the round (``View.voting``: the recent contributors); counted as one that may still report, it held
+    every given-up round to max_wait_s."""
+    def left_behind(voting: frozenset[str] | None) -> str:
+        c = core(me="a", eligible=("a", "b", "c"), sender=False)
+        c.step(rc.Members(0.0, rc.View(trainers=frozenset("z"), counted=frozenset(), present=frozenset("bcz"),
+                                       live=frozenset("abcz"), ahead=frozenset("bc"), voting=voting)))
+        for w in "bc":
+            c.step(rc.Announced(0.0, w, 0.0))
+        c.step(rc.Tick(c.deadline()))
+        end = c.reported_at + max(P.commit_grace_s, c.window) + rc.POLL_S + c.window
+        c.step(rc.Tick(end))
+        return c.decided.how if c.decided else c.phase
+    assert left_behind(frozenset("abc")) == "passed by"
+    assert left_behind(None) == "deciding"  # every live key holds it open
+
+
+def test_a_witness_banned_elsewhere_is_never_counted() -> None:
+    """A witness another peer proved to equivocate (``View.banned``) is dropped from the reports in hand and
+    never counted again: b's report would keep e out otherwise."""
+    c = core()
+    for w, senders in (("b", ["a", "b"]), ("c", ["a", "b", "e"]), ("d", ["a", "b", "e"])):
+        c.step(rc.ReportSeen(0.0, report(w, senders)))
+    others = frozenset("bcde")
+    c.step(rc.Members(0.1, rc.View(trainers=others, counted=others, present=others, live=frozenset(PEERS),
+                                   banned=frozenset("b"))))
+    c.step(rc.ReportSeen(0.2, report("b", ["a", "b"])))
+    assert "b" not in c.reports and c.banned == {"b"}
+
+
+def test_one_poll_is_judged_as_a_whole() -> None:
+    """An announcement and its verification seen in one poll, after the deadline fell: collecting ends with
+    the update in the report (judged event by event, it ended between the two and left it out)."""
+    def started() -> rc.RoundCore:
+        c = core(eligible=("a", "b"))
+        c.step(rc.Members(0.0, rc.View(trainers=frozenset("b"), counted=frozenset("b"), present=frozenset("b"),
+                                       live=frozenset("ab"))))
+        return c
+    poll = [rc.Announced(9.0, "a", 0.0), rc.Verified(9.0, "a", "da"), rc.Announced(9.0, "b", 0.0),
+            rc.Verified(9.0, "b", "db"), rc.Tick(9.0)]
+    out = started().steps(poll)
+    assert [a.pairs for a in out if isinstance(a, rc.PublishReport)] == [(("a", "da"), ("b", "db"))]
+    one_by_one, c = [], started()
+    for ev in poll:
+        one_by_one += c.step(ev)
+    assert [a.pairs for a in one_by_one if isinstance(a, rc.PublishReport)] == [()]
+
+
 @settings(max_examples=200, deadline=None)
 @given(order=st.permutations(list(range(7))), seed=st.integers(0, 3))
 def test_the_same_events_give_the_same_actions(order: list[int], seed: int) -> None:

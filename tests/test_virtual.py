@@ -206,12 +206,13 @@ def test_swizzle_clogging_ends_on_one_hash_within_a_few_rounds_of_the_last_unclo
     2 s (what they carry waits), then unclog one every 2 s in another order. Peers then see different records:
     rounds split (the known weakness of today's rule, as with late records) and the hash check re-syncs the
     minority. In every seed: no stall, no round waited out, one hash at the end, and the last re-sync within
-    6 rounds of the last unclog (the measured worst over these seeds)."""
+    3 rounds of the last unclog (the measured worst over these seeds: 1; 9 when a peer that found no state
+    offer stalled for max_wait_s instead of reading the offers again, as the node does)."""
     splits = 0
     for seed in range(30):
         out = virtual.run(virtual.Scenario(peers=8, rounds=30, seed=seed, late_p=0.0, record_ttl_s=9.0, swizzle_at=3))
         assert out["final_hashes"] == 1 and not out["stalled"] and out["waited_out"] == 0, f"seed={seed}: {out}"
-        assert out["rounds_to_converge"] is not None and out["rounds_to_converge"] <= 6, f"seed={seed}: {out}"
+        assert out["rounds_to_converge"] is not None and out["rounds_to_converge"] <= 3, f"seed={seed}: {out}"
         splits += bool(out["violations"])
     assert splits, "no round split: the clogging no longer tests the repair"
 

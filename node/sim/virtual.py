@@ -71,6 +71,7 @@ FINAL_CHECK_S = 10.0  # after its last round a peer checks that round's hash aga
 LINGER_S = 60.0  # then it serves on while others are not on its state, looking at the chains (Peer._linger)
 LOOK_S = 2.0  # how often a lingering peer looks at the chains
 FORK_SYNC_S = 10.0  # how long a peer off the winning chain looks for its state offer (node/swarm/sync.py)
+OFFER_POLL_S = 0.5  # how often a peer looking for a state offer reads the offers again (statesync.fetch)
 LIAR_KINDS = ("censor", "equivocate", "withhold")  # the adversaries modelled (see the module's docstring)
 LIFE_ACTIONS = ("kill", "stop", "restart", "join")
 POLL_S = 0.5  # how often a computing peer reads the announcements for its stop time (clock.RoundClock.POLL_S)
@@ -211,7 +212,7 @@ class Simulation:
         self.last_violation = -1
         self.undecided = 0
         self.waited_out = 0  # honest peer-rounds that collected or decided until max_wait_s
-        self.no_offer = 0  # re-syncs that found no state offer on the winning chain (the peer stalled, then went on)
+        self.no_offer = 0  # re-syncs that found no state offer on the winning chain at first (the peer read the offers again every OFFER_POLL_S until its look ended)
         self.repairs: list[int] = []  # per re-sync: the round adopted minus the round found off the majority
         self.adopted: list[int] = []  # per re-sync: the round of the state adopted
         self._wakes: dict[tuple[str, int, int], float] = {}
@@ -583,18 +584,14 @@ class Simulation:
         return first
 
     def _view(self, p: VPeer, r: int) -> core.View:
-        """What p's member records say: the peers whose record it saw within the ttl (a split hides the others
-        once theirs go stale), and who among them is two rounds past ``r``."""
+        """What p's member records say, by the node's rule (``round.view_of``): the peers whose record it saw
+        within the ttl (a split hides the others once theirs go stale), each at the round after the last its
+        tail names; the last round p applied's senders and this round's announcers are counted; with
+        ``votes='contributors'`` only the keys in p's ledger vote."""
         tails = self._tails(p, with_me=False, voting=False)
-        others = frozenset(tails)
-        ahead = frozenset(q for q, t in tails.items() if t and t[-1][0] + 1 >= r + 2)
-        # counted (Membership.counted): the senders of the last round p applied and this round's announcers;
-        # everyone before p applied a round. A record of a key that never sent holds no deadline off.
-        if p.senders:
-            counted = others & (p.senders | self._announced(p, r).keys())
-        else:
-            counted = others
-        return core.View(trainers=others, counted=counted, present=others, live=others | {p.id}, ahead=ahead)
+        records = {q: (t[-1][0] + 1 if t else 0, True) for q, t in tails.items()}
+        voters = p.ledger.keys() if self.sc.votes != "everyone" else ()
+        return core.view_of(records, p.id, r, announced=self._announced(p, r), workers=p.senders, voters=voters)
 
     def _deliver(self, q: VPeer, r: int, ev: Any) -> None:
         if not q.alive:
@@ -727,8 +724,25 @@ class Simulation:
         offer = self._newest_offer(p, links)
         if offer is None:
             self.no_offer += 1
-            p.busy_until = max(p.busy_until, self.now + (FORK_SYNC_S if fork else self.sc.params.max_wait_s))
+            until = self.now + (FORK_SYNC_S if fork else self.sc.params.max_wait_s)
+            p.busy_until = max(p.busy_until, until)
+            self.at(self.now + OFFER_POLL_S, lambda gen=p.gen: self._look_for_offer(p, r, links, until, gen))
             return
+        self._adopt(p, r, offer)
+
+    def _look_for_offer(self, p: VPeer, r: int, links: set[chain.Link], until: float, gen: int) -> None:
+        """p's main loop reads the offers again every OFFER_POLL_S until its look ends (statesync.fetch): one
+        that turns up in reach (a link unclogged, a split healed) is adopted then."""
+        if gen != p.gen or not p.alive:
+            return
+        offer = self._newest_offer(p, links)
+        if offer is not None:
+            self._adopt(p, r, offer)
+        elif self.now + OFFER_POLL_S < until:
+            self.at(self.now + OFFER_POLL_S, lambda: self._look_for_offer(p, r, links, until, gen))
+
+    def _adopt(self, p: VPeer, r: int, offer: Any) -> None:
+        """p downloads ``offer`` and runs on from it (its rounds after the offer's are computed again)."""
         tail, hashes, applied, ledger = offer
         newest = tail[-1][0]
         p.resyncs += 1

@@ -1,5 +1,8 @@
 """Agreement on one round's set of updates: witness reports, counted twice.
 
+The rules below live in the round's core (protocol/round.py); this module is its shell on the real network
+(``Agreement``: member records, reports and bans read into the core every poll, its actions carried out).
+
 Witnesses. The eligible witnesses of round r are the recent contributors: the peers whose updates the
 decided chain applied in the last ``WITNESS_WINDOW`` rounds (the contributors ledger is shared state, so
 every peer on the chain, a joiner included, draws the same set), or the live trainers while nobody has
@@ -147,16 +150,8 @@ class Agreement:
                 self._wake = a.at
 
     def view(self) -> core.View:
-        """What the member records say about this round (protocol/round.py's View), read now."""
-        members = self.members.members()
-        trainers, counted = self.members.keeping_up(self.round, self.core.first_seen)
-        votes = self.members.votes()
-        training = {p for p, m in members.items() if m.training}
-        return core.View(
-            trainers=frozenset(trainers), counted=frozenset(counted), leaving=frozenset(self.members.leaving()),
-            present=frozenset(p for p, m in members.items() if m.round >= self.round - 4),
-            live=frozenset(training), ahead=frozenset(p for p in training if members[p].round >= self.round + 2),
-            voting=frozenset(p for p in training if votes(p)), banned=frozenset(self.equivocators.peers()))
+        """What the member records say about this round (protocol/round.py's ``view_of``), read now."""
+        return self.members.view(self.round, self.core.first_seen, banned=self.equivocators.peers())
 
     def _as_core(self, p: Report) -> core.Report:
         digest = report_digest(p).encode()  # what it says (two witnesses' may be alike)

@@ -4,7 +4,7 @@ The swarm has no shared clock. A round's deadline is read off the DHT: once half
 peers have announced their update for round r (the anchor), the round closes ``(slack - 1) x`` the
 (lower) median peer's round time later (at least ``min_deadline_s``). Each peer times those announcements
 on its own monotonic clock, from the age the DHT gives them. "Live training peers" are those that
-work (``Membership.counted``): the last round's senders and this round's announcers, so that member
+work (protocol/round.py ``view_of``): the last round's senders and this round's announcers, so that member
 records of keys made in bulk, which never send an update, cannot keep a deadline from starting.
 
 A peer stops its inner steps half a deadline window before that deadline, which leaves time to apply

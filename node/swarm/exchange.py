@@ -13,6 +13,9 @@ How every honest peer ends a round with the same set of updates (and so with ide
    of the reports lists (agreement.py); peers fetch whatever it holds that they lack. Just before a peer
    applies the round (``result``), it counts the reports again as they stand then.
 
+The rules of steps 2 and 3 are the round's core (protocol/round.py), run by agreement.Agreement; this
+module announces, fetches, verifies and serves, and hands the core what happened.
+
 An update that misses the deadline is excluded by everyone alike; its sender gets ``own_included =
 False`` and puts the content back into its local progress, so nothing is lost.
 

@@ -9,7 +9,6 @@ verified here against the author's member record before anyone looks at its cont
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -20,6 +19,7 @@ from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm.admission import Gate
 from gradnode.node.swarm.identity import Identity, peer_id_from_public_der, verify
 from gradnode.node.swarm.transport import Transport
+from gradnode.protocol import round as core
 from gradnode.protocol.records import PROTOCOL_VERSION, MemberRecord, Record, RecordError, WeightHash, dht_key
 
 log = logging.getLogger(__name__)
@@ -215,41 +215,25 @@ class Membership:
         votes = self.votes()
         return [w for w in self.read("weights", round_, WeightHash) if w.round == round_ and votes(w.peer)]
 
-    def counted(self, also: Iterable[str] = ()) -> Callable[[str], bool]:
-        """Whose training record sets the pace and holds a deadline off: the senders of the last round this
-        peer applied, and ``also`` (this round's announcers); everyone's before any round is known. A key
-        costs nothing to make: records of keys that never send an update are members, but nobody waits
-        for them (a Sybil flood of 'training' records would otherwise keep every deadline from starting)."""
-        workers = set(self.workers())
-        if not workers:
-            return lambda peer: True
-        workers.update(also)
-        return workers.__contains__
+    def view(self, round_: int, announced: Iterable[str] = (), banned: Iterable[str] = ()) -> core.View:
+        """What the member records in sight say about ``round_`` (who keeps up, counts, votes: the core's rule,
+        protocol/round.py ``view_of``), read now."""
+        members = self.members()
+        return core.view_of({p: (m.round, m.training) for p, m in members.items()}, self.identity.peer_id, round_,
+                            announced=announced, workers=tuple(self.workers()), voters=self.voters(),
+                            leaving=self.leaving(), banned=banned)
 
     def keeping_up(self, round_: int, announced: Iterable[str] = ()) -> tuple[set[str], set[str]]:
-        """The other training peers keeping up with ``round_`` (a record of round ``round_ - 1`` or later: a
-        silent peer's record stays at its last round; or a sender of the last round, whatever its record
-        says: records go out after a round's chores, and in rounds of a fraction of a second they lag two
-        rounds), and those of them that are counted (``counted(announced)``). Not those two or more rounds
-        past it: they will never announce in it (a peer left behind after a healed split waited out
-        max_wait_s on each round for them; protocol/round.py's ``View.ahead``), unless they did (a key
-        claiming a far round while announcing here would otherwise anchor the deadline without being
-        waited for)."""
-        here = set(announced)  # a key that announced in this round is in it, whatever its record claims
-        counts, sent_last = self.counted(here), self.counted()
-        trainers = {p for p, m in self.members().items() if m.training and p != self.identity.peer_id
-                    and (m.round >= round_ - 1 or sent_last(p)) and (m.round < round_ + 2 or p in here)}
-        return trainers, {p for p in trainers if counts(p)}
+        """The other training peers keeping up with ``round_``, and those of them that are counted
+        (protocol/round.py ``view_of``)."""
+        v = self.view(round_, announced)
+        return set(v.trainers), set(v.counted)
 
     def round_seconds(self, own: float) -> float:
-        """Median full-round compute time among the counted live training peers (``own`` when nobody
-        reports one). The lower median: of two middle peers the faster, so that a swarm left with one fast
-        peer and one straggler paces its rounds on the fast one (the mean of the two made the fast peer
-        wait for the straggler every round)."""
-        counts = self.counted()
-        times = [m.step_seconds * m.inner_steps for p, m in self.members().items()
-                 if m.training and m.step_seconds > 0 and m.inner_steps > 0 and counts(p)]
-        return statistics.median_low(times) if times else own
+        """The swarm's round time from the counted live training peers' records (protocol/round.py ``pace``)."""
+        members = self.members()
+        return core.pace({p: m.step_seconds * m.inner_steps for p, m in members.items() if m.training},
+                         set(self.workers()) or set(members), own)
 
     def sources(self, peer_ids: list[str]) -> list[tuple[str, list[str]]]:
         """(peer id, maddrs) to fetch from; client-mode peers are left out (nobody can dial them)."""

@@ -145,7 +145,7 @@ class Peer:
         self.membership = Membership(self.transport, self.identity, self.cfg.run.run_id, self.sw.record_ttl_s,
                                      gate=gate, admission=cert)
         self.transport.admits = self.membership.admitted
-        self.membership.workers = lambda: self.history.senders  # whose records set the pace (Membership.counted)
+        self.membership.workers = lambda: self.history.senders  # whose records set the pace (round.view_of: counted)
         self.membership.voters = self._voters  # whose reports and chains count (Membership.votes)
         self.equivocators = Equivocators(self.membership, self.cfg.run.run_id, self.cfg.run.output_dir / "banned.json")
         self.rejections.banned = self.equivocators.peers  # ignored for good: caught equivocating

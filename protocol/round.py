@@ -252,8 +252,10 @@ Action = Union[PublishReport, AskWitnesses, Decided, Equivocated, Wake]
 @dataclass
 class RoundCore:
     """Round ``round_`` as peer ``me`` runs it. ``eligible``: its eligible witnesses (empty: the live trainers
-    when deciding starts); ``sender``: this peer sent an update (else it observes: no report, never counted);
-    ``seed``: the state hash the previous round agreed on (only reports on it count)."""
+    when deciding starts); ``sender``: this peer sent an update (it counts itself among the live trainers;
+    else it observes); ``witness``: it reports (None: as ``sender``; False for a sender that reported on the
+    round before a restart: a report is final); ``seed``: the state hash the previous round agreed on (only
+    reports on it count)."""
 
     params: Params
     round_: int
@@ -279,10 +281,30 @@ class RoundCore:
     asked_at: float = -math.inf
     live_fallback: bool = False
     decided: Decided | None = None
+    witness: bool | None = None
 
     def __post_init__(self) -> None:
-        if not self.sender:
+        if self.witness is None:
+            self.witness = self.sender
+        if not self.witness:
             self.eligible = self.eligible - {self.me}
+
+    def stop_reporting(self) -> None:
+        """The peer announced its departure: it publishes no report from now on (one published stands)."""
+        self.witness = False
+
+    def published(self, now: float) -> None:
+        """The shell finished publishing this peer's report at ``now`` (a slow DHT store can take seconds): the
+        grace period for the other witnesses runs from then."""
+        self.reported_at = max(self.reported_at, now)
+
+    def note(self, events: list[Event]) -> list[Action]:
+        """Take events without deciding anything (the second count reads the reports as they stand, and a
+        round not decided yet must not move on at apply time); only ``Equivocated`` can come out."""
+        out: list[Action] = []
+        for event in events:
+            out += self._absorb(event)
+        return out
 
     @property
     def window(self) -> float:
@@ -400,8 +422,8 @@ class RoundCore:
             return []
         self.phase, self.reported_at = "deciding", now
         if not self.eligible:
-            self.eligible = frozenset(self.view.live - {self.me}) | ({self.me} if self.sender else frozenset())
-        if not self.sender:
+            self.eligible = frozenset(self.view.live - {self.me}) | ({self.me} if self.witness else frozenset())
+        if not self.witness:
             return []
         pairs = tuple(sorted((s, d) for s, d in self.verified.items() if s not in self.doubted))
         fps = pack(pairs)
@@ -444,25 +466,23 @@ class RoundCore:
         waiting = set(self.eligible) - set(self.reports) - self._absent() - {self.me}
         if counted and (not waiting or now >= grace_end):
             return self._end("all reported" if not waiting else "grace")
-        out: list[Action] = []
-        if now >= grace_end and now - self.asked_at >= self.window:
-            self.asked_at = now
-            out.append(AskWitnesses(tuple(sorted(waiting or (set(self.eligible) - {self.me}))),
-                                    min(self.window, 5.0)))
         if not counted and now >= grace_end + self.window:
             self.live_fallback = True
             if self._counted():
-                return out + self._end("live fallback")
+                return self._end("live fallback")
             self.live_fallback = False
             # nobody will report on this round on our chain: every other trainer is past it, sat it out, or
             # reported on another chain (the two peers of one side of a healed split both sat a round out, the
             # other side's reports were on its own chain, and both waited out max_wait_s while it ran on)
             others = set(self.view.live if self.view.voting is None else self.view.voting) - {self.me}
             if others and others <= set(self.view.ahead) | self._abstaining() | self.elsewhere:
-                return out + self._end("passed by")
+                return self._end("passed by")
         if now >= hard_stop:
-            return out + self._end("max wait")
-        return out
+            return self._end("max wait")
+        if now >= grace_end and now - self.asked_at >= self.window:  # only while the round goes on
+            self.asked_at = now
+            return [AskWitnesses(tuple(sorted(waiting or (set(self.eligible) - {self.me}))), min(self.window, 5.0))]
+        return []
 
     def asked(self, now: float, got: list[Report]) -> list[Action]:
         """The reports the witnesses served when asked (``AskWitnesses``); counted like the DHT's."""
@@ -491,10 +511,9 @@ class RoundCore:
             if deadline is not None and self.awaited is None:
                 times.append(deadline)
             return max(now, min(times))
-        if self.phase == "deciding":
+        if self.phase == "deciding":  # the next moment a rule can change its mind: never now (no busy loop)
             grace_end = self._grace_end()
-            times = [self.reported_at + self.params.max_wait_s]
-            times.append(grace_end if now < grace_end else max(now, min(self.asked_at + self.window,
-                                                                      grace_end + self.window)))
-            return min(t for t in times if t >= now) if any(t >= now for t in times) else now + POLL_S
+            times = [self.reported_at + self.params.max_wait_s, grace_end, grace_end + self.window,
+                     self.asked_at + self.window]
+            return min((t for t in times if t > now), default=now + POLL_S)
         return None

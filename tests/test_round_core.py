@@ -252,6 +252,43 @@ def test_one_poll_is_judged_as_a_whole() -> None:
     assert [a.pairs for a in one_by_one if isinstance(a, rc.PublishReport)] == [()]
 
 
+def test_a_waiting_core_never_asks_to_be_woken_now_and_never_asks_in_vain() -> None:
+    """Nobody reports (the witnesses are cut off): the core is woken only when a rule can change its mind, never
+    at once (a wake at 'now' once made the shell poll the DHT every 10 ms until max_wait_s), and it never asks
+    the witnesses in the step that ends the round (the shell would block on answers nobody counts)."""
+    c = core(me="a", eligible=("a", "b", "c"), sender=False)
+    c.step(rc.Members(0.0, rc.View(trainers=frozenset("bc"), counted=frozenset("bc"), present=frozenset("bc"),
+                                   live=frozenset("abc"))))
+    now, turns = 0.0, 0
+    out = c.step(rc.Tick(now))
+    while c.phase != "decided":
+        wake = [a.at for a in out if isinstance(a, rc.Wake)]
+        assert wake and wake[0] > now, (now, out)
+        now, turns = wake[0], turns + 1
+        out = c.step(rc.Tick(now))
+        assert not ({"AskWitnesses", "Decided"} <= set(kinds(out))), out
+    assert c.decided.how == "max wait" and turns < 60, turns
+
+
+def test_a_peer_that_leaves_counts_no_report_of_its_own() -> None:
+    """A witness that announced its departure publishes nothing, so it must not count its own report either:
+    with it, x would be in its set (its and a's lists: 2 of 3) while nobody else's has it (1 of 2)."""
+    def decided(leaving: bool) -> bytes | None:
+        c = core(me="m", eligible=("m", "a", "b"))
+        c.step(rc.Members(0.0, rc.View(trainers=frozenset("ab"), counted=frozenset("ab"), present=frozenset("ab"),
+                                       live=frozenset("mab"))))
+        if leaving:
+            c.stop_reporting()
+        c.step(rc.Verified(0.0, "x", "dx"))
+        c.own_update(0.0, "dm")
+        c.step(rc.ReportSeen(0.1, report("a", ["x"])))
+        c.step(rc.ReportSeen(0.1, report("b", [])))  # most others reported: collecting ends
+        c.step(rc.Tick(30.0))
+        return c.decided.fps if c.decided else None
+    assert unpack(decided(False)) == unpack(pack([("x", "dx")]))
+    assert decided(True) == pack([])
+
+
 @settings(max_examples=200, deadline=None)
 @given(order=st.permutations(list(range(7))), seed=st.integers(0, 3))
 def test_the_same_events_give_the_same_actions(order: list[int], seed: int) -> None:

@@ -88,24 +88,27 @@ class Agreement:
     ``eligible``: the round's eligible witnesses (``eligible_witnesses``); empty means "the live trainers,
     read when the decision starts". ``witness``: False for an observer (no update of its own this round, or
     one that reported on the round before a restart), which reports nothing and never counts itself.
+    ``sender``: it sent an update this round (it counts itself among the live trainers; default: ``witness``).
     ``seed``: the state hash the previous round agreed on (this peer's chain): only reports made on it count.
     ``start``: when the round's exchange began (monotonic seconds)."""
 
     def __init__(self, *, members: Membership, cfg: SwarmConfig, run_id: str, round_: int, me: str,
                  eligible: list[str] | None, witness: bool, round_seconds: float, leaving: threading.Event,
-                 seed: str, equivocators: Equivocators | None = None, start: float | None = None) -> None:
+                 seed: str, equivocators: Equivocators | None = None, start: float | None = None,
+                 sender: bool | None = None) -> None:
         self.members, self.cfg, self.run_id, self.round, self.me = members, cfg, run_id, round_, me
         self.seed, self.witness, self.leaving = seed, witness, leaving
         self.equivocators = equivocators or Equivocators(members, run_id)
-        self.core = core.RoundCore(params(cfg), round_, me, frozenset(eligible or ()), witness, seed, round_seconds,
-                                   time.monotonic() if start is None else start)
+        self.core = core.RoundCore(params(cfg), round_, me, frozenset(eligible or ()),
+                                   witness if sender is None else sender, seed, round_seconds,
+                                   time.monotonic() if start is None else start, witness=witness)
         self.reported = False
         self.verdict: Verdict | None = None  # the first count's set (None: undecided)
         # how the first count ended (core.Decided.how), or 'stopped'; '' while undecided
         self.ended = ""
         self._mine: Report | None = None
         self._records: dict[tuple[str, bytes], Report] = {}  # (witness, digest) -> its signed record
-        self._direct: list[Report] = []  # reports read from their authors, not from the DHT (``ask``)
+        self._direct: dict[tuple[str, str], Report] = {}  # read from their authors, not the DHT (``ask``)
         self._wake = 0.0  # when the core wants the time again (core.Wake)
 
     # --- the core's events and actions --------------------------------------------------------------
@@ -113,6 +116,8 @@ class Agreement:
     def poll(self, now: float, events: list[core.Event] = ()) -> bool:
         """One turn: what the member records say now (first: the core must never judge a round on an empty view),
         the exchange's ``events``, this round's reports as they stand, then the time; True once decided."""
+        if self.leaving.is_set():
+            self.core.stop_reporting()  # the others stopped waiting for us: nothing of ours to count
         self._act(self.core.steps([core.Members(now, self.view()), *events,
                                    *(core.ReportSeen(now, r) for r in self._read()), core.Tick(now)]))
         return self.core.phase == "decided"
@@ -131,6 +136,7 @@ class Agreement:
         for a in actions:
             if isinstance(a, core.PublishReport):
                 self.report(list(a.pairs))
+                self.core.published(time.monotonic())
             elif isinstance(a, core.AskWitnesses):
                 got = self.ask(set(a.witnesses), a.wait_s)
                 self._act(self.core.asked(time.monotonic(), [self._as_core(p) for p in got]))
@@ -160,7 +166,7 @@ class Agreement:
 
     def _read(self) -> list[core.Report]:
         """This round's reports as the DHT holds them now, the ones read from their witnesses, and our own."""
-        read = self.members.read("reports", self.round, Report) + self._direct
+        read = self.members.read("reports", self.round, Report) + list(self._direct.values())
         if self._mine is not None:
             read.append(self._mine)  # our own, whether or not the DHT read returned it yet
         return [self._as_core(p) for p in read if p.round == self.round]
@@ -170,8 +176,13 @@ class Agreement:
     def reports(self) -> dict[str, Report]:
         """The reports the core counts from (this round's, on this peer's chain, from witnesses not caught
         equivocating), and the abstentions, by witness, as they stand now."""
-        self.poll(time.monotonic())
+        self._take_in()
         return {w: self._records[w, r.digest] for w, r in self.core.reports.items()}
+
+    def _take_in(self) -> None:
+        """The bans and this round's reports as they stand, into the core, without deciding anything."""
+        now = time.monotonic()
+        self._act(self.core.note([core.Members(now, self.view()), *(core.ReportSeen(now, r) for r in self._read())]))
 
     def abstaining(self) -> set[str]:
         """Witnesses that said they sit this round out."""
@@ -219,7 +230,7 @@ class Agreement:
                                                 verify=lambda name, data: parsed(name, data) is not None)
         found = [p for p in (parsed(name, data) for name, data in got.items())
                  if p is not None and self.members.verify_record(p)]
-        self._direct += found
+        self._direct.update(((p.witness, report_digest(p)), p) for p in found)
         return found
 
     # --- the second count -------------------------------------------------------------------------
@@ -227,7 +238,7 @@ class Agreement:
     def settle(self) -> Verdict | None:
         """The second count, just before the round is applied: the reports as they stand now, counted by the
         same rule (core.RoundCore.settle). The first count's set stands when they give the same, or none."""
-        self.poll(time.monotonic())
+        self._take_in()  # read, not stepped: a round not decided yet (a crashed exchange) must not move on now
         found = self.core.settle()
         if found is None:
             return None

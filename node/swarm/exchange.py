@@ -150,7 +150,7 @@ class RoundExchange(threading.Thread):
         self.agreement = Agreement(members=membership, cfg=cfg, run_id=run_id, round_=round_, me=self.me,
                                    eligible=eligible, witness=not self.observer and witness,
                                    round_seconds=round_seconds, leaving=leaving or threading.Event(), seed=seed,
-                                   equivocators=equivocators, start=time.monotonic())
+                                   equivocators=equivocators, sender=not self.observer)
         self.digest = hashlib.sha256(blob).hexdigest() if blob is not None else ""
         self.verified: dict[str, _Verified] = {}
         self.announced: dict[str, UpdateAnnouncement] = {}
@@ -188,6 +188,7 @@ class RoundExchange(threading.Thread):
         try:
             if not self.observer:
                 self._announce()
+            self.agreement.core.start = time.monotonic()  # collecting runs from here (a client's push is done)
             # the round's core collects, reports, waits for the witnesses and decides (protocol/round.py); this
             # thread feeds it what the fetches give, every poll
             self.verdict = self.agreement.decide(self.stop_event, tick=self._tick)
@@ -395,7 +396,7 @@ class RoundExchange(threading.Thread):
         if reason is not None:
             self._reject(sender, reason)
             return None
-        if self.judge is not None and sender != self.me and not self.agreement.reported:
+        if self.judge is not None and sender != self.me and self.agreement.core.phase == "collect":
             norms = [v.update.norm for v in self.verified.values()]
             verdict = self.judge(upd, statistics.median(norms) if norms else None)
             if verdict is not None:

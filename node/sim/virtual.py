@@ -58,11 +58,12 @@ import re
 import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from gradnode.node.swarm.agreement import eligible_witnesses
 from gradnode.protocol import chain
 from gradnode.protocol import round as core
+from gradnode.protocol import sync as sync_rules
 from gradnode.protocol.records import pack, resolve
 
 TAIL = 4  # rounds of its chain a peer publishes (protocol/chain.py)
@@ -155,6 +156,16 @@ class Scenario:
         if self.partition and (len(self.partition) < 2 or len(set(cut)) != len(cut)
                                or not all(0 <= i < self.peers for i in cut)):
             raise ValueError(f"partition {self.partition}: two or more groups of distinct peers 0..{self.peers - 1}")
+
+
+class _Offer(NamedTuple):
+    """A state offer as protocol/sync.py reads it: who offers the state after which round, its hash; and the
+    state itself (tail, hashes, applied sets, contributors ledger)."""
+
+    peer: str
+    round: int
+    param_hash: str
+    state: Any
 
 
 @dataclass
@@ -707,12 +718,15 @@ class Simulation:
             self._resync(p, r, st.winners, fork=act == "fork")
 
     def _newest_offer(self, p: VPeer, links: set[chain.Link], after: int = -2) -> Any:
-        """The newest state offered in p's sight whose newest link is in ``links`` (the winning chain's) and
-        past round ``after``, from a peer p can reach now (a tie: the lowest id); None without one."""
-        offers = [(-t[-1][0], q, offer) for q, (seen, t, offer) in p.records.items()
-                  if q != p.id and t and offer is not None and self._fresh(p, q, seen) and t[-1] in links
-                  and t[-1][0] > after and self.peers[q].alive and self._linked(p, self.peers[q])]
-        return min(offers, key=lambda o: o[:2])[2] if offers else None
+        """The newest state offered in p's sight past round ``after`` that the node's rule trusts (protocol/sync.py
+        ``trusted_offers``: its newest link in ``links``, the winning chain's; without links, the hash most
+        offerers give: the simulator keeps no weight-report majority for that fallback), from a peer p can reach
+        now (a tie: the lowest id, as the node's first download group); None without one."""
+        offers = [_Offer(q, t[-1][0] + 1, t[-1][1], offer) for q, (seen, t, offer) in p.records.items()
+                  if q != p.id and t and offer is not None and self._fresh(p, q, seen) and t[-1][0] > after
+                  and self.peers[q].alive and self._linked(p, self.peers[q])]
+        good = sync_rules.trusted_offers(offers, links=links, expected={})
+        return min(good, key=lambda o: o.peer).state if good else None
 
     def _resync(self, p: VPeer, r: int, winners: tuple[str, ...], fork: bool) -> None:
         """Adopt the newest state offered in p's sight on the winning chain (an offer whose newest link the

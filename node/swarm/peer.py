@@ -49,6 +49,7 @@ from gradnode.node.swarm.report import PeerSummary, Phases, Tally, append_metric
 from gradnode.node.swarm.sync import Sync
 from gradnode.node.swarm.transport import Transport, TransportError
 from gradnode.protocol import chain
+from gradnode.protocol import sync as sync_rules
 from gradnode.protocol.chain import Link
 from gradnode.protocol.records import update_name
 
@@ -485,10 +486,10 @@ class Peer:
             return
         if found.chains is not None:
             self.chains = found.chains
-        # a round before our last re-sync was checked on weights we have replaced since: nothing to repair
-        off = found.mismatch is not None and found.mismatch >= self.history.trusted_from
-        # without a look at the chains (the chores found none to take) the reports decide alone, as before
-        act = self.follow.step(self.chains.standing, off) if found.chains is not None else "resync" if off else None
+        # the rules: protocol/sync.py (a round before our last re-sync was checked on weights replaced since;
+        # without a look at the chains, the chores found none to take, the reports decide alone)
+        off = sync_rules.off_majority(found.mismatch, self.history.trusted_from)
+        act = sync_rules.after_hash_check(off, self.follow, self.chains.standing if found.chains is not None else None)
         if off and act is None:
             log.info("weight hash of round=%d differs from the majority, but this peer's chain wins by the "
                      "chain rule (%d of %d trainers): staying", found.mismatch, self.chains.mine, self.chains.trainers)

@@ -27,6 +27,7 @@ from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm.membership import Membership
 from gradnode.node.swarm.transport import Transport
 from gradnode.protocol import chain
+from gradnode.protocol import sync as sync_rules
 from gradnode.protocol.chain import Link
 from gradnode.protocol.records import StateManifest, majority_hash, state_chunk_name
 
@@ -85,24 +86,13 @@ def winning_links(membership: Membership, me: str) -> set[Link]:
     return {link for p in chain.winner(tails) for link in tails[p]}
 
 
-RECORD_LAG = 10  # rounds a member record may lag its peer (after the round's chores; more on a loaded machine)
-
-
 def beyond_reach(membership: Membership, me: str) -> Callable[[StateManifest], bool]:
-    """Whether an offer claims a round more than RECORD_LAG past the highest round that any *other* voting
-    training member reports (neither the offerer nor this peer; a member still at round 0 without a chain,
-    a joiner, reports nothing). An offer's hash only has to match itself, so one key could claim a state
-    far ahead (--faults futurestate); no key can vouch for its own offer. With no other member reporting,
-    nothing is beyond reach."""
+    """Whether an offer claims a round too far past what the other voting trainers report (protocol/sync.py
+    ``beyond_reach``); a member still at round 0 without a chain, a joiner, reports nothing."""
     votes = membership.votes()
     reported = {p: m.round for p, m in membership.members().items()
                 if m.training and p != me and votes(p) and (m.round > 0 or m.chain)}
-
-    def beyond(offer: StateManifest) -> bool:
-        others = [r for p, r in reported.items() if p != offer.peer]
-        return bool(others) and offer.round > max(others) + RECORD_LAG
-
-    return beyond
+    return lambda offer: sync_rules.beyond_reach(offer, reported)
 
 
 def newest_offers(membership: Membership, cfg: SwarmConfig, me: str, min_round: int = 0,
@@ -117,26 +107,16 @@ def newest_offers(membership: Membership, cfg: SwarmConfig, me: str, min_round: 
                  if m.peer != me and m.peer not in exclude and m.size <= cfg.max_state_bytes and m.round >= min_round]
     beyond = [m for m in manifests if is_beyond(m)]
     if beyond:
-        log.info("state offers more than %d rounds past every other member's round ignored: %s", RECORD_LAG,
+        log.info("state offers more than %d rounds past every other member's round ignored: %s", sync_rules.RECORD_LAG,
                  ",".join(f"{m.peer[:12]}@{m.round}" for m in beyond))
         manifests = [m for m in manifests if m not in beyond]
     links = winning_links(membership, me) if links is None else links
-    for round_ in sorted({m.round for m in manifests}, reverse=True):
-        offers = [m for m in manifests if m.round == round_]
-        if links:  # an offer of round R holds the state after applying round R - 1
-            good = [m for m in offers if (round_ - 1, m.param_hash) in links]
-            if good:
-                return good
-            continue
-        want = expected_hash(membership, round_)
-        if want is None:
-            votes = Counter(m.param_hash for m in offers)
-            want = max(votes.items(), key=lambda kv: (kv[1], kv[0]))[0]
-        good = [m for m in offers if m.param_hash == want]
-        if good:
-            return good
-        log.info("state offers of round=%d all disagree with the swarm's hash %s", round_, want[:12])
-    return []
+    expected = {} if links else {r: expected_hash(membership, r) for r in {m.round for m in manifests}}
+    good = sync_rules.trusted_offers(manifests, links=links, expected=expected)
+    if manifests and not good:
+        log.info("state offers of rounds %s all disagree with the swarm's chain or hash",
+                 ",".join(map(str, sorted({m.round for m in manifests}))))
+    return good
 
 
 def fetch(*, transport: Transport, membership: Membership, cfg: SwarmConfig, run_id: str, min_round: int = 0,
@@ -158,11 +138,7 @@ def fetch(*, transport: Transport, membership: Membership, cfg: SwarmConfig, run
         if not offers:
             time.sleep(0.5)
             continue
-        groups: dict[tuple[str, ...], list[StateManifest]] = {}
-        for m in offers:
-            groups.setdefault(tuple(m.chunks), []).append(m)
-        ordered = sorted(groups.values(), key=lambda g: (-len(g), min(m.peer for m in g)))
-        for group in ordered:
+        for group in sync_rules.download_order(offers, {m.peer: tuple(m.chunks) for m in offers}):
             got = _download(group, transport=transport, membership=membership, cfg=cfg, run_id=run_id,
                             deadline=min(deadline, time.monotonic() + max(10.0, deadline_s / 2)))
             ref = group[0]

@@ -8,6 +8,7 @@ peer's round log learns what it now holds.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ from gradnode.node.swarm.membership import Membership
 from gradnode.node.swarm.report import Tally
 from gradnode.node.swarm.rules import UpdateRules
 from gradnode.node.swarm.transport import Transport
+from gradnode.protocol import sync as sync_rules
 from gradnode.protocol.chain import Link
 
 if TYPE_CHECKING:
@@ -94,14 +96,16 @@ class Sync:
         if not offers:
             return False
         target = offers[0].round
-        if target - eng.round > self.cfg.catchup_rounds:
+        choice = functools.partial(sync_rules.replay_or_download, behind=target - eng.round,
+                                   window=self.cfg.catchup_rounds, state_bytes=offers[0].size)
+        if choice(replay_bytes=0) == "download":
             log.info("catch-up: %d rounds behind, beyond the window of %d", target - eng.round, self.cfg.catchup_rounds)
             return False
         missed = catchup.plan(self.members, eng.round, target)
         if missed is None or not catchup.start_matches(eng, self.members):
             return False
         cost = sum(m.update_bytes for m in missed)
-        if cost >= offers[0].size:
+        if choice(replay_bytes=cost) == "download":
             log.info("catch-up: %d bytes of updates >= %d bytes of state; downloading the state", cost, offers[0].size)
             return False
         start = eng.round

@@ -1,0 +1,92 @@
+"""Getting level with the swarm, as every peer decides it: which state offers to trust, in what order to
+download them, whether to replay the missed rounds or download the state, and what a weight-hash check
+calls for.
+
+Pure, like the round's core (round.py): the shell (node/swarm/sync.py, statesync.py, peer.py) reads the
+offers, records and reports and does the downloads; the virtual simulator (node/sim/virtual.py) calls the
+same functions on what its peers see.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Collection, Mapping, Protocol, Sequence, TypeVar
+
+from gradnode.protocol import chain
+
+RECORD_LAG = 10  # rounds a member record may lag its peer (after the round's chores; more on a loaded machine)
+
+
+class Offer(Protocol):
+    """A state offer as these rules read it (records.StateManifest): who offers the state after which round
+    (an offer of round R holds the state after applying round R - 1), its hash and its chunks."""
+
+    peer: str
+    round: int
+    param_hash: str
+
+
+O = TypeVar("O", bound=Offer)
+
+
+def beyond_reach(offer: Offer, reported: Mapping[str, int]) -> bool:
+    """The offer claims a round more than RECORD_LAG past the highest round any *other* voting trainer
+    reports (``reported``: peer -> its record's round; neither the offerer nor the reader). An offer's hash
+    only has to match itself, so one key could claim a state far ahead; no key can vouch for its own offer.
+    With no other member reporting, nothing is beyond reach."""
+    others = [r for p, r in reported.items() if p != offer.peer]
+    return bool(others) and offer.round > max(others) + RECORD_LAG
+
+
+def trusted_offers(offers: Sequence[O], *, links: Collection[tuple[int, str]],
+                   expected: Mapping[int, str | None]) -> list[O]:
+    """The offers of the newest round on the chain the swarm follows: a state whose (round - 1, hash) the
+    winning chain lists (``links``); without a published chain, the hash the majority reported after the
+    previous round (``expected``: round -> that hash, or None), or else the one most offerers give (a tie:
+    the greatest hash). Empty when no round has such an offer."""
+    for round_ in sorted({o.round for o in offers}, reverse=True):
+        here = [o for o in offers if o.round == round_]
+        if links:
+            good = [o for o in here if (round_ - 1, o.param_hash) in links]
+        else:
+            want = expected.get(round_)
+            if want is None:
+                votes = Counter(o.param_hash for o in here)
+                want = max(votes.items(), key=lambda kv: (kv[1], kv[0]))[0]
+            good = [o for o in here if o.param_hash == want]
+        if good:
+            return good
+    return []
+
+
+def download_order(offers: Sequence[O], chunks: Mapping[str, tuple[str, ...]]) -> list[list[O]]:
+    """Offers that list the same chunks (``chunks``: peer -> its offer's chunk digests) form a group, each chunk
+    fetched from any member; the largest group first, ties to the lowest peer id."""
+    groups: dict[tuple[str, ...], list[O]] = {}
+    for o in offers:
+        groups.setdefault(tuple(chunks[o.peer]), []).append(o)
+    return sorted(groups.values(), key=lambda g: (-len(g), min(o.peer for o in g)))
+
+
+def replay_or_download(*, behind: int, window: int, replay_bytes: int, state_bytes: int) -> str:
+    """A peer ``behind`` rounds behind the newest offer, whose missed rounds' updates are kept for ``window``
+    rounds and weigh ``replay_bytes`` against a state of ``state_bytes``: 'replay' them, or 'download'."""
+    if behind <= 0 or behind > window or replay_bytes >= state_bytes:
+        return "download"
+    return "replay"
+
+
+def off_majority(mismatch: int | None, trusted_from: int) -> bool:
+    """A round's hash off the majority's counts only on a round this peer's weights still descend from
+    (``trusted_from``: the first round held since its last re-sync; one before it was checked on weights
+    replaced since: nothing to repair)."""
+    return mismatch is not None and mismatch >= trusted_from
+
+
+def after_hash_check(off: bool, follow: chain.Follow, standing: chain.Standing | None) -> str | None:
+    """What a weight-hash check calls for: with a look at the chains (``standing``), the chain rule's answer
+    (chain.Follow: stay on a chain that wins, 'resync' off it, 'look again' when another chain wins); without
+    one, the reports decide alone: 'resync' when ``off``."""
+    if standing is not None:
+        return follow.step(standing, off)
+    return "resync" if off else None

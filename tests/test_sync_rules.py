@@ -1,0 +1,77 @@
+"""Getting level with the swarm, as pure rules (protocol/sync.py): which state offers a peer trusts, the order
+it downloads them in, replay or download, and what a weight-hash check calls for."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gradnode.protocol import chain
+from gradnode.protocol import sync
+
+
+@dataclass(frozen=True)
+class Offer:
+    peer: str
+    round: int
+    param_hash: str
+
+
+def test_an_offer_no_other_trainer_vouches_for_is_beyond_reach() -> None:
+    """One key can offer a state 'far ahead' whose hash only has to match itself; no key vouches for its own
+    offer, and with nobody else reporting nothing is beyond reach."""
+    reported = {"a": 20, "b": 21, "liar": 500}  # the voting trainers' records (the liar's claims 500)
+    assert not sync.beyond_reach(Offer("a", 31, "h"), reported | {"liar": 5})  # b's 21 + RECORD_LAG
+    assert sync.beyond_reach(Offer("a", 32, "h"), reported | {"liar": 5})
+    assert sync.beyond_reach(Offer("liar", 500, "h"), reported)  # its own record's claim does not count
+    assert not sync.beyond_reach(Offer("liar", 500, "h"), {"liar": 500})  # nobody else reports
+
+
+def test_the_newest_offer_on_the_winning_chain_is_trusted_not_the_most_offered() -> None:
+    """Three offers of round 9 on a chain the winners do not list, one of round 8 on theirs: the one on the
+    winning chain is trusted (a fork's many offers must not pull a peer onto the losing chain)."""
+    offers = [Offer("x", 9, "lost"), Offer("y", 9, "lost"), Offer("z", 9, "lost"), Offer("w", 8, "won"),
+              Offer("v", 8, "other")]
+    assert sync.trusted_offers(offers, links={(7, "won"), (6, "before")}, expected={}) == [Offer("w", 8, "won")]
+    assert sync.trusted_offers(offers, links={(1, "nothing here")}, expected={}) == []
+
+
+def test_without_a_chain_the_reported_hash_then_the_most_offered_hash_is_trusted() -> None:
+    offers = [Offer("x", 9, "a"), Offer("y", 9, "b"), Offer("z", 9, "b")]
+    assert sync.trusted_offers(offers, links=set(), expected={9: "a"}) == [Offer("x", 9, "a")]
+    assert sync.trusted_offers(offers, links=set(), expected={9: None}) == [Offer("y", 9, "b"), Offer("z", 9, "b")]
+    # the reported hash nobody offers: an older round whose offers agree with its report
+    older = offers + [Offer("w", 8, "c")]
+    assert sync.trusted_offers(older, links=set(), expected={9: "d", 8: "c"}) == [Offer("w", 8, "c")]
+
+
+def test_the_largest_group_of_offers_with_the_same_chunks_is_downloaded_first() -> None:
+    offers = [Offer("c", 9, "h"), Offer("a", 9, "h"), Offer("b", 9, "h"), Offer("d", 9, "h")]
+    chunks = {"a": ("1", "2"), "b": ("1", "2"), "c": ("1", "3"), "d": ("1", "4")}
+    order = sync.download_order(offers, chunks)
+    assert [[o.peer for o in g] for g in order] == [["a", "b"], ["c"], ["d"]]
+
+
+@given(behind=st.integers(-3, 20), window=st.integers(0, 10), replay=st.integers(0, 10**6),
+       state=st.integers(1, 10**6))
+def test_a_peer_replays_only_missed_rounds_it_can_replay_more_cheaply(behind: int, window: int, replay: int,
+                                                                     state: int) -> None:
+    choice = sync.replay_or_download(behind=behind, window=window, replay_bytes=replay, state_bytes=state)
+    assert (choice == "replay") == (0 < behind <= window and replay < state)
+
+
+def test_a_hash_off_the_majority_resyncs_unless_our_chain_wins() -> None:
+    """Off the reports' majority on a round since the last re-sync: without a look at the chains it re-syncs;
+    with one, the chain rule decides (a peer whose chain wins stays). A mismatch on a round before the last
+    re-sync is on weights replaced since: nothing to repair."""
+    assert sync.off_majority(7, trusted_from=5) and not sync.off_majority(4, trusted_from=5)
+    assert not sync.off_majority(None, trusted_from=0)
+    assert sync.after_hash_check(True, chain.Follow(), None) == "resync"
+    assert sync.after_hash_check(False, chain.Follow(), None) is None
+    tails = {"me": [(6, "m")], "a": [(6, "m")], "b": [(6, "x")]}
+    winning = chain.standing(tails, "me")
+    assert winning.on_winner and sync.after_hash_check(True, chain.Follow(), winning) is None
+    losing = chain.standing({"me": [(6, "m")], "a": [(6, "x")], "b": [(6, "x")]}, "me")
+    assert not losing.on_winner and sync.after_hash_check(True, chain.Follow(), losing) == "resync"

@@ -83,3 +83,18 @@ def test_architecture_section_names_every_module() -> None:
         path = path.strip("`,.;:()")
         if "/" in path:
             assert (ROOT / path).is_file(), f"README's architecture section names {path}, which does not exist"
+
+
+def test_the_code_that_decides_a_round_reads_no_clock_and_does_no_io() -> None:
+    """The round's rules (protocol/round.py, sync.py, chain.py, witness.py) are pure: events with their time in,
+    actions out. They import no clock, thread, socket, file, randomness or network module, at module level
+    or inside a function; the shells in node/ own all of that."""
+    io = {"time", "threading", "asyncio", "socket", "os", "random", "subprocess", "pathlib", "io", "select",
+          "hivemind", "torch", "logging"}
+    found = []
+    for name in ("round", "sync", "chain", "witness"):
+        for node in ast.walk(ast.parse((ROOT / "protocol" / f"{name}.py").read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"protocol/{name}.py imports {n}" for n in names if n.split(".")[0] in io]
+    assert not found, found

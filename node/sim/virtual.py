@@ -75,6 +75,7 @@ FORK_SYNC_S = 10.0  # how long a peer off the winning chain looks for its state 
 OFFER_POLL_S = 0.5  # how often a peer looking for a state offer reads the offers again (statesync.fetch)
 LIAR_KINDS = ("censor", "equivocate", "withhold")  # the adversaries modelled (see the module's docstring)
 LIFE_ACTIONS = ("kill", "stop", "restart", "join")
+RETRY_S = 1.0  # a lost transfer is noticed and retried this much later (the transport's timeout and retry)
 POLL_S = 0.5  # how often a computing peer reads the announcements for its stop time (clock.RoundClock.POLL_S)
 
 
@@ -133,6 +134,13 @@ class Scenario:
     # kill: the process dies (its record goes stale); stop: it leaves and says so; restart: it comes back with
     # its disk (its state) and nothing else; join: it starts then (not before), with nothing
     life: tuple[tuple[str, int, int], ...] = ()
+    # per-link networks: each peer's link has a bandwidth drawn log-uniformly in [bandwidth_bps / link_spread,
+    # bandwidth_bps] and a one-way latency in [latency_s, latency_s x link_spread]; a transfer between two
+    # peers runs at the slower one's bandwidth after the mean of their latencies. ``loss_p``: each transfer
+    # attempt (an update fetch, a state download) is lost with that probability and retried after RETRY_S
+    # (the transport's retry); the DHT's records are never lost, they come late (``late_p``)
+    link_spread: float = 1.0
+    loss_p: float = 0.0
 
     def __post_init__(self) -> None:
         for index, kind in self.liars:
@@ -214,6 +222,10 @@ class Simulation:
         drift = random.Random(f"{sc.seed}/drift")  # its own stream: a run without drift draws as before
         self.off = {q: drift.uniform(-sc.drift_s, sc.drift_s) if sc.drift_s else 0.0 for q in self.peers}
         self.off.update({f"p{i:04d}": d for i, d in sc.clock_off})
+        links = random.Random(f"{sc.seed}/links")  # their own streams too: a uniform, lossless run draws as before
+        self.bw = {q: sc.bandwidth_bps / sc.link_spread ** links.random() for q in self.peers}
+        self.lat = {q: sc.latency_s * sc.link_spread ** links.random() for q in self.peers}
+        self.loss = random.Random(f"{sc.seed}/loss")
         paces = sorted(p.slowness for p in self.peers.values())
         self.round_s = sc.compute_s * paces[(len(paces) - 1) // 2]
         self.now, self.events, self._seq = 0.0, 0, 0
@@ -271,11 +283,24 @@ class Simulation:
 
     # --- the network -------------------------------------------------------------------------------
 
-    def _delay(self) -> float:
-        d = self.sc.latency_s + self.rng.random() * self.sc.jitter_s
+    def _delay(self, a: str | None = None, b: str | None = None) -> float:
+        """A record's way from peer a to peer b (the DHT: their links' latency, jitter, and now and then late)."""
+        d = self._latency(a, b) + self.rng.random() * self.sc.jitter_s
         if self.rng.random() < self.sc.late_p:
             d += self.rng.random() * self.sc.late_s
         return d
+
+    def _latency(self, a: str | None, b: str | None) -> float:
+        return (self.lat[a] + self.lat[b]) / 2 if a in self.lat and b in self.lat else self.sc.latency_s
+
+    def _transfer_s(self, a: str | None, b: str, size: int) -> float:
+        """How long ``size`` bytes take from a to b (a None: from any donor, at b's own link): the slower link's
+        bandwidth after their latency, again after RETRY_S for each attempt lost (``loss_p``)."""
+        once = size * 8 / min(self.bw.get(a, math.inf), self.bw[b])
+        t = self._latency(a, b) + once
+        while self.sc.loss_p and self.loss.random() < self.sc.loss_p:
+            t += RETRY_S + once
+        return t
 
     def _linked(self, a: VPeer, b: VPeer) -> bool:
         return (self.group is None or self.group[a.id] == self.group[b.id]) and frozenset((a.id, b.id)) not in self.clogged
@@ -285,7 +310,7 @@ class Simulation:
         or their link is clogged then (held until it unclogs)."""
         for q in self.peers.values():
             if q is not src:
-                self.at(self.now + self._delay(), lambda q=q: self._arrive(src, q, deliver))
+                self.at(self.now + self._delay(src.id, q.id), lambda q=q: self._arrive(src, q, deliver))
 
     def _arrive(self, src: VPeer, q: VPeer, deliver: Callable[[VPeer, float], None]) -> None:
         if not q.alive or (self.group is not None and self.group[src.id] != self.group[q.id]):
@@ -316,8 +341,9 @@ class Simulation:
         self.clogged.discard(link)
         if self.now >= self.unclogged_at:
             self.unclog_round = max(max(p.cores, default=-1) for p in self.peers.values())
+        a, b = sorted(link)
         for deliver in self.held.pop(link, []):
-            self.at(self.now + self._delay(), deliver)
+            self.at(self.now + self._delay(a, b), deliver)
 
     def _split_or_heal(self, r: int) -> None:
         """The split falls at the first announcement of round ``partition_at`` and heals at the first of ``heal_at``."""
@@ -402,7 +428,7 @@ class Simulation:
             tail, hashes, applied, ledger = offer
             start = tail[-1][0] + 1
             p.hashes, p.applied, p.ledger, p.senders = dict(hashes), dict(applied), dict(ledger), frozenset()
-            p.busy_until = self.now + self.sc.latency_s + self.sc.state_bytes * 8 / self.sc.bandwidth_bps
+            p.busy_until = self.now + self._transfer_s(None, p.id, self.sc.state_bytes)
             self.downloads += 1
         self._publish_record(p)
         self._compute(p, start)
@@ -555,7 +581,6 @@ class Simulation:
         digest = _digest(p.id, r, p.hashes[r - 1])
         self._open(p, r, sender=r not in p.abstained, digest=digest)  # a round sat out is never reported on
         sent = self.now
-        fetch_s = self.sc.update_bytes * 8 / self.sc.bandwidth_bps
 
         def seen(q: VPeer, now: float) -> None:
             # the DHT gives its age on the reader's clock from the announcer's stamp (clamped to 0..600 s)
@@ -563,7 +588,8 @@ class Simulation:
             self._deliver(q, r, core.Announced(now, p.id, now - age))
             self._deliver(q, r, core.FetchStarted(now, p.id))
             got = core.FetchEnded if p.lie == "withhold" else lambda t, who: core.Verified(t, who, digest)
-            self.at(now + fetch_s + self.sc.latency_s, lambda: self._deliver(q, r, got(self.now, p.id)))
+            self.at(now + self._transfer_s(p.id, q.id, self.sc.update_bytes),
+                    lambda: self._deliver(q, r, got(self.now, p.id)))
 
         self._broadcast(p, seen)
         self._compute(p, r + 1)
@@ -765,7 +791,7 @@ class Simulation:
         self.per_round[r]["resyncs"] += 1
         p.gen += 1
         was_done, p.done = p.done, False
-        p.busy_until = self.now + self.sc.latency_s + self.sc.state_bytes * 8 / self.sc.bandwidth_bps
+        p.busy_until = self.now + self._transfer_s(None, p.id, self.sc.state_bytes)
         p.hashes = {k: h for k, h in hashes.items() if k <= newest}
         p.applied = {k: f for k, f in applied.items() if k <= newest}
         p.ledger, p.senders = dict(ledger), frozenset()
@@ -827,17 +853,26 @@ def parse_faults(spec: str | None, peers: int) -> dict[str, Any]:
     P a peer index), one network split with its heal, churn and stragglers, in the process simulator's
     grammar (``partition:0,1|2,3@r3,heal@r12,kill:2@r4,restart:2@r6,stop:3@r5,join:5@r2,slow:1x5``), and
     clocks off (``drift:S``: each peer's by U(-S, S) seconds; ``clock:P=S``: peer P's by S), and
-    swizzle-clogging (``swizzle@rN``, ``swizzle:S@rN``), and ``sybils:N`` (keys of the attacker's making voting
-    for a made-up chain; votes counted per recent contributor). ValueError names the item and what to write
+    swizzle-clogging (``swizzle@rN``, ``swizzle:S@rN``), ``sybils:N`` (keys of the attacker's making voting
+    for a made-up chain; votes counted per recent contributor), and per-link networks (``links:S``: each peer's
+    link up to S times slower and S times farther than the fastest; ``loss:P``: transfers lost and retried). ValueError names the item and what to write
     instead."""
     from gradnode.node.sim import faults
 
     items = [x.strip() for x in re.split(r",(?![0-9]+(?:[,|][0-9]+)*@r)", spec or "") if x.strip()]
-    clocks = [x for x in items if x.startswith(("drift:", "clock:", "swizzle", "sybils:"))]
+    clocks = [x for x in items if x.startswith(("drift:", "clock:", "swizzle", "sybils:", "links:", "loss:"))]
     timed = [x for x in items if x.startswith(("partition:", "heal@", "slow:", *(f"{a}:" for a in LIFE_ACTIONS)))]
     out: dict[str, Any] = {"liars": parse_liars(",".join(x for x in items if x not in timed + clocks), peers)}
     offsets: list[tuple[int, float]] = []
     for raw in clocks:
+        net = re.fullmatch(r"(links|loss):([0-9.]+)", raw)
+        if net is not None:
+            field, value = ("link_spread", float(net[2])) if net[1] == "links" else ("loss_p", float(net[2]))
+            if field in out or (field == "link_spread" and value < 1) or (field == "loss_p" and not value < 1):
+                raise ValueError(f"--faults: {raw!r}: write links:S (links S times slower and S times farther at "
+                                 "most, S >= 1) or loss:P (each transfer lost with probability P < 1), once")
+            out[field] = value
+            continue
         n = re.fullmatch(r"sybils:([0-9]+)", raw)
         if n is not None and "sybils" not in out:
             out.update(sybils=int(n[1]), votes="contributors")  # the node's rule: one vote per recent contributor

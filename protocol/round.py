@@ -5,7 +5,8 @@ No threads, sockets, files or clocks here: every event carries the time at which
 shell (node/swarm/) turns DHT reads, stream fetches and timers into events and carries out the actions;
 the virtual simulator (node/sim/virtual.py) drives many cores on one virtual clock.
 
-A round, as today's node runs it (node/swarm/exchange.py and agreement.py, the rules moved as they are):
+A round, as the node runs it (node/swarm/agreement.py is the shell: it feeds the core one poll's events at a
+time, ``steps``, and carries out its actions):
 
 collect   Every announced update is fetched and verified (the shell does that; ``Verified``/``FetchEnded``
           say how it went). The round's deadline falls once half the live trainers announced (the

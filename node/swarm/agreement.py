@@ -102,7 +102,6 @@ class Agreement:
         self.core = core.RoundCore(params(cfg), round_, me, frozenset(eligible or ()),
                                    witness if sender is None else sender, seed, round_seconds,
                                    time.monotonic() if start is None else start, witness=witness)
-        self.reported = False
         self.verdict: Verdict | None = None  # the first count's set (None: undecided)
         # how the first count ended (core.Decided.how), or 'stopped'; '' while undecided
         self.ended = ""
@@ -203,7 +202,6 @@ class Agreement:
         self.members.transport.blobs.put(report_record_name(self.run_id, self.round, self.me), self._mine.to_bytes())
         self.members.transport.store(dht_key(self.run_id, "reports", self.round), self._mine.to_bytes(),
                                      self.members.ttl)
-        self.reported = True
         # what the core counts as ours: what was published (an adversary's edit included)
         self.core.reports[self.me] = self._as_core(self._mine)
         adversary.equivocate(self.cfg, self.round, self.members, self.run_id, self.me, self.seed, verified)

@@ -4,6 +4,7 @@ A failing scenario names its seed; `gradnode simulate --virtual --seed S` replay
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -232,6 +233,29 @@ def test_sybil_keys_move_no_peer_when_only_contributors_vote() -> None:
         assert virtual.run(virtual.Scenario(**sc, votes="everyone"))["no_offer"] > 0, f"seed={seed}"
 
 
+def test_a_flood_of_records_far_ahead_holds_no_round_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    """16 keys of the attacker's making (the process tests' 'flood') publish 'training' member records 1000
+    rounds ahead every heartbeat and never send an update. By the node's rule (round.view_of) a record two or
+    more rounds past the round holds nothing open, and only the last round's senders and this round's
+    announcers count toward a deadline: no round is waited out, every seed safe and on one hash. Counting
+    every 'training' record in sight as keeping up (the rule before), two thirds of the 'live' trainers never
+    announce, no deadline falls, and nearly every round waits out max_wait_s (92 of 96 peer-rounds, seed 0)."""
+    sc = dict(peers=8, rounds=12, late_p=0.0, sybils=16, sybils_ahead=1000, votes="contributors")
+    for seed in range(10):
+        out = virtual.run(virtual.Scenario(**sc, seed=seed))
+        assert out["violations"] == [] and out["final_hashes"] == 1 and not out["stalled"], f"seed={seed}: {out}"
+        assert out["waited_out"] == 0, f"seed={seed}: {out}"
+    real = virtual.core.view_of
+
+    def every_record_counts(records, me, round_, **kw):  # type: ignore[no-untyped-def]
+        v = real(records, me, round_, **kw)
+        return replace(v, trainers=v.live - {me}, counted=v.live - {me}, ahead=frozenset())
+
+    monkeypatch.setattr(virtual.core, "view_of", every_record_counts)
+    out = virtual.run(virtual.Scenario(**sc, seed=0))
+    assert out["waited_out"] > 2 * sc["peers"], out
+
+
 @pytest.mark.parametrize("update_bytes", [20_000, 2_000_000])
 def test_links_of_unequal_speed_that_lose_transfers_keep_every_round_safe(update_bytes: int) -> None:
     """Each peer's link up to 10x slower and 10x farther than the fastest, 5% of transfers lost and retried a
@@ -254,6 +278,8 @@ def test_the_virtual_faults_name_what_is_modelled() -> None:
         "liars": (), "drift_s": 2.0, "clock_off": ((3, -40.0), (1, 5.0))}
     assert virtual.parse_faults("swizzle:1.5@r4", 4) == {"liars": (), "swizzle_at": 4, "swizzle_s": 1.5}
     assert virtual.parse_faults("sybils:16", 4) == {"liars": (), "sybils": 16, "votes": "contributors"}
+    assert virtual.parse_faults("flood:8", 4) == {"liars": (), "sybils": 8, "votes": "contributors",
+                                                  "sybils_ahead": 1000}
     assert virtual.parse_faults("links:10,loss:0.05", 4) == {"liars": (), "link_spread": 10.0, "loss_p": 0.05}
     assert virtual.parse_faults("kill:2@r4,restart:2@r6,stop:3@r5,join:1@r2", 4)["life"] == (
         ("join", 1, 2), ("kill", 2, 4), ("stop", 3, 5), ("restart", 2, 6))

@@ -124,6 +124,7 @@ class Scenario:
     # two hashes (node/SWARM.md, "Not done": each chain's ledger says who votes, so each side can count
     # itself the winner), which the node's rule may share
     sybils: int = 0
+    sybils_ahead: int = 0  # rounds past the swarm's newest that the sybils' records claim (the 'flood': 1000)
     votes: str = "everyone"
     # a round's eligible witnesses: 'live' (the live trainers when deciding starts) or 'ledger' (the node's
     # eligible_witnesses: contributors of the last 8 rounds). The tests run 'live'; under 'ledger' splits and
@@ -372,12 +373,14 @@ class Simulation:
         self.at(self.now + self.heartbeat_s, lambda i=p.incarnation: self._heartbeat(p, i))
 
     def _sybil_beat(self) -> None:
-        """The sybil keys' heartbeat: member records on a chain of made-up hashes at the swarm's newest round,
-        and weight reports of those hashes, to every live peer (records and reports only: they run no core)."""
+        """The sybil keys' heartbeat: member records on a chain of made-up hashes at the swarm's newest round (or
+        ``sybils_ahead`` rounds past it), and weight reports of those hashes, to every live peer (records and
+        reports only: they run no core)."""
         newest = max((max(p.hashes) for p in self.peers.values() if p.alive and not p.lie), default=-1)
         if newest < 0 and self.now > 0 and all(p.done for p in self.peers.values()):
             return
-        tail = tuple((k, f"sybil{k}") for k in range(max(0, newest - TAIL + 1), newest + 1))
+        top = newest + self.sc.sybils_ahead
+        tail = tuple((k, f"sybil{k}") for k in range(max(0, top - TAIL + 1), top + 1))
         for i in range(self.sc.sybils):
             sid = f"s{i:04d}"
             for q in self.peers.values():
@@ -854,13 +857,14 @@ def parse_faults(spec: str | None, peers: int) -> dict[str, Any]:
     grammar (``partition:0,1|2,3@r3,heal@r12,kill:2@r4,restart:2@r6,stop:3@r5,join:5@r2,slow:1x5``), and
     clocks off (``drift:S``: each peer's by U(-S, S) seconds; ``clock:P=S``: peer P's by S), and
     swizzle-clogging (``swizzle@rN``, ``swizzle:S@rN``), ``sybils:N`` (keys of the attacker's making voting
-    for a made-up chain; votes counted per recent contributor), and per-link networks (``links:S``: each peer's
+    for a made-up chain; votes counted per recent contributor), ``flood:N`` (the same keys, their records 1000
+    rounds ahead: the process tests' 'flood'), and per-link networks (``links:S``: each peer's
     link up to S times slower and S times farther than the fastest; ``loss:P``: transfers lost and retried). ValueError names the item and what to write
     instead."""
     from gradnode.node.sim import faults
 
     items = [x.strip() for x in re.split(r",(?![0-9]+(?:[,|][0-9]+)*@r)", spec or "") if x.strip()]
-    clocks = [x for x in items if x.startswith(("drift:", "clock:", "swizzle", "sybils:", "links:", "loss:"))]
+    clocks = [x for x in items if x.startswith(("drift:", "clock:", "swizzle", "sybils:", "flood:", "links:", "loss:"))]
     timed = [x for x in items if x.startswith(("partition:", "heal@", "slow:", *(f"{a}:" for a in LIFE_ACTIONS)))]
     out: dict[str, Any] = {"liars": parse_liars(",".join(x for x in items if x not in timed + clocks), peers)}
     offsets: list[tuple[int, float]] = []
@@ -873,12 +877,12 @@ def parse_faults(spec: str | None, peers: int) -> dict[str, Any]:
                                  "most, S >= 1) or loss:P (each transfer lost with probability P < 1), once")
             out[field] = value
             continue
-        n = re.fullmatch(r"sybils:([0-9]+)", raw)
-        if n is not None and "sybils" not in out:
-            out.update(sybils=int(n[1]), votes="contributors")  # the node's rule: one vote per recent contributor
+        n = re.fullmatch(r"(sybils|flood):([0-9]+)", raw)
+        if n is not None and "sybils" not in out:  # votes: the node's rule, one per recent contributor
+            out.update(sybils=int(n[2]), votes="contributors", **({"sybils_ahead": 1000} if n[1] == "flood" else {}))
             continue
-        if raw.startswith("sybils:"):
-            raise ValueError(f"--faults: {raw!r}: write sybils:N (N keys of the attacker's making), once")
+        if raw.startswith(("sybils:", "flood:")):
+            raise ValueError(f"--faults: {raw!r}: write sybils:N or flood:N (N keys of the attacker's making), once")
         z = re.fullmatch(r"swizzle(?::([0-9.]+))?@r([0-9]+)", raw)
         if z is not None and "swizzle_at" not in out:
             out.update(swizzle_at=int(z[2]), **({"swizzle_s": float(z[1])} if z[1] else {}))
@@ -928,7 +932,8 @@ def parse_liars(spec: str | None, peers: int) -> tuple[tuple[int, str], ...]:
         if kind not in LIAR_KINDS or not index.isdigit():
             raise ValueError(f"--faults: {raw!r} is not modelled by --virtual; write KIND:P with KIND one of "
                              f"{', '.join(LIAR_KINDS)}, or partition:G|G@rN, heal@rM, kill/stop/restart/join:P@rN, "
-                             "slow:PxF, drift:S, clock:P=S, swizzle@rN, sybils:N (the process simulator runs the other faults)")
+                             "slow:PxF, drift:S, clock:P=S, swizzle@rN, sybils:N, flood:N, links:S, loss:P (the process "
+                             "simulator runs the other faults)")
         if int(index) >= peers or int(index) in dict(out):
             raise ValueError(f"--faults: {raw!r}: peer {index} does not exist or has a fault already "
                              f"(peers are 0..{peers - 1})")

@@ -231,7 +231,7 @@ PACED = ["inner.steps=10", "swarm.slowdown=30", "swarm.state_chunk_bytes=65536"]
 def test_kill_restart_stop_late_join_bootstrap_loss_and_a_replayed_leaving_record(run_swarm, metrics_of) -> None:
     """kill -9 a peer and the bootstrap mid-run: the others go on with identical weights; the killed peer,
     restarted with the same command (the bootstrap's address, nothing else), finds the swarm through its
-    address book, resumes from its checkpoint and replays the missed rounds; the bootstrap, restarted with
+    address book, resumes from its checkpoint and gets level (replaying the missed rounds, or by the state); the bootstrap, restarted with
     an empty DHT, reconnects to the peers it knew; a late joiner given only the bootstrap's address finds
     the whole swarm through it, downloads the state and contributes before the run ends (within 2 rounds on
     an idle machine; how soon depends on the machine's load, so only that it does is asserted).
@@ -250,11 +250,13 @@ def test_kill_restart_stop_late_join_bootstrap_loss_and_a_replayed_leaving_recor
     assert summary["live_peers"] == 5 and summary["identical_hashes"], explain(summary)
     steady, restarted, late, returned = peers[0], peers[1], peers[3], peers[4]
     assert steady["rounds"] == 20
-    # the restarted peer: same identity, resumed from its own checkpoint, and caught up: by replaying the
-    # missed rounds (it can have missed at most 18, inside the 20-round catch-up window), or by the state
-    # where the missed updates outweigh it
+    # the restarted peer: same identity, resumed from its own checkpoint, and level again: by replaying the
+    # missed rounds (the usual way: it can have missed at most 18, inside the 20-round catch-up window), or
+    # by the state when its first look finds no offer on the winning chain (offers lag the chain tails on a
+    # loaded machine: a CI run beside a flake hunt logged "state offers of rounds 1,8 all disagree with the
+    # swarm's chain", and the peer downloaded round 8's state a second later) or the missed updates outweigh it
     assert restarted["restarts"] == 1 and restarted["resumed_round"] is not None
-    assert restarted["catchups"] >= 1, explain(summary)
+    assert restarted["catchups"] + restarted["state_downloads"] >= 1, explain(summary)
     # the late joiner: fresh, so it downloaded the state, then its update was in a decided set before the run
     # ended (measured on an idle machine: within 2 rounds; a busy one took 12 once). The robust rule may leave
     # its first updates out (a few steps of a fresh AdamW, no error feedback yet: cosines 0.02-0.04 to the

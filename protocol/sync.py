@@ -10,7 +10,7 @@ same functions on what its peers see.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Collection, Mapping, Protocol, Sequence, TypeVar
+from typing import Callable, Collection, Mapping, Protocol, Sequence, TypeVar
 
 from gradnode.protocol import chain
 
@@ -26,7 +26,14 @@ class Offer(Protocol):
     param_hash: str
 
 
+class Chunked(Offer, Protocol):
+    """An offer with the digests of its state's chunks (records.StateManifest)."""
+
+    chunks: Sequence[str]
+
+
 O = TypeVar("O", bound=Offer)
+C = TypeVar("C", bound=Chunked)
 
 
 def beyond_reach(offer: Offer, reported: Mapping[str, int]) -> bool:
@@ -39,17 +46,18 @@ def beyond_reach(offer: Offer, reported: Mapping[str, int]) -> bool:
 
 
 def trusted_offers(offers: Sequence[O], *, links: Collection[tuple[int, str]],
-                   expected: Mapping[int, str | None]) -> list[O]:
+                   expected: Callable[[int], str | None]) -> list[O]:
     """The offers of the newest round on the chain the swarm follows: a state whose (round - 1, hash) the
     winning chain lists (``links``); without a published chain, the hash the majority reported after the
-    previous round (``expected``: round -> that hash, or None), or else the one most offerers give (a tie:
-    the greatest hash). Empty when no round has such an offer."""
+    previous round (``expected(round)``, asked only for the rounds looked at, newest first; None: nobody
+    reported), or else the one most offerers give (a tie: the greatest hash). Empty when no round has such
+    an offer."""
     for round_ in sorted({o.round for o in offers}, reverse=True):
         here = [o for o in offers if o.round == round_]
         if links:
             good = [o for o in here if (round_ - 1, o.param_hash) in links]
         else:
-            want = expected.get(round_)
+            want = expected(round_)
             if want is None:
                 votes = Counter(o.param_hash for o in here)
                 want = max(votes.items(), key=lambda kv: (kv[1], kv[0]))[0]
@@ -59,12 +67,12 @@ def trusted_offers(offers: Sequence[O], *, links: Collection[tuple[int, str]],
     return []
 
 
-def download_order(offers: Sequence[O], chunks: Mapping[str, tuple[str, ...]]) -> list[list[O]]:
-    """Offers that list the same chunks (``chunks``: peer -> its offer's chunk digests) form a group, each chunk
-    fetched from any member; the largest group first, ties to the lowest peer id."""
-    groups: dict[tuple[str, ...], list[O]] = {}
+def download_order(offers: Sequence[C]) -> list[list[C]]:
+    """Offers that list the same chunks form a group, each chunk fetched from any member; the largest group
+    first, ties to the lowest peer id."""
+    groups: dict[tuple[str, ...], list[C]] = {}
     for o in offers:
-        groups.setdefault(tuple(chunks[o.peer]), []).append(o)
+        groups.setdefault(tuple(o.chunks), []).append(o)
     return sorted(groups.values(), key=lambda g: (-len(g), min(o.peer for o in g)))
 
 
@@ -76,7 +84,7 @@ def replay_or_download(*, behind: int, window: int, replay_bytes: int, state_byt
     return "replay"
 
 
-def off_majority(mismatch: int | None, trusted_from: int) -> bool:
+def mismatch_counts(mismatch: int | None, trusted_from: int) -> bool:
     """A round's hash off the majority's counts only on a round this peer's weights still descend from
     (``trusted_from``: the first round held since its last re-sync; one before it was checked on weights
     replaced since: nothing to repair)."""

@@ -19,6 +19,11 @@ class Offer:
     param_hash: str
 
 
+@dataclass(frozen=True)
+class Chunked(Offer):
+    chunks: tuple[str, ...]
+
+
 def test_an_offer_no_other_trainer_vouches_for_is_beyond_reach() -> None:
     """One key can offer a state 'far ahead' whose hash only has to match itself; no key vouches for its own
     offer, and with nobody else reporting nothing is beyond reach."""
@@ -34,23 +39,24 @@ def test_the_newest_offer_on_the_winning_chain_is_trusted_not_the_most_offered()
     winning chain is trusted (a fork's many offers must not pull a peer onto the losing chain)."""
     offers = [Offer("x", 9, "lost"), Offer("y", 9, "lost"), Offer("z", 9, "lost"), Offer("w", 8, "won"),
               Offer("v", 8, "other")]
-    assert sync.trusted_offers(offers, links={(7, "won"), (6, "before")}, expected={}) == [Offer("w", 8, "won")]
-    assert sync.trusted_offers(offers, links={(1, "nothing here")}, expected={}) == []
+    won = sync.trusted_offers(offers, links={(7, "won"), (6, "before")}, expected=lambda r: None)
+    assert won == [Offer("w", 8, "won")]
+    assert sync.trusted_offers(offers, links={(1, "nothing here")}, expected=lambda r: None) == []
 
 
 def test_without_a_chain_the_reported_hash_then_the_most_offered_hash_is_trusted() -> None:
     offers = [Offer("x", 9, "a"), Offer("y", 9, "b"), Offer("z", 9, "b")]
-    assert sync.trusted_offers(offers, links=set(), expected={9: "a"}) == [Offer("x", 9, "a")]
-    assert sync.trusted_offers(offers, links=set(), expected={9: None}) == [Offer("y", 9, "b"), Offer("z", 9, "b")]
+    assert sync.trusted_offers(offers, links=set(), expected={9: "a"}.get) == [Offer("x", 9, "a")]
+    assert sync.trusted_offers(offers, links=set(), expected={9: None}.get) == [Offer("y", 9, "b"), Offer("z", 9, "b")]
     # the reported hash nobody offers: an older round whose offers agree with its report
     older = offers + [Offer("w", 8, "c")]
-    assert sync.trusted_offers(older, links=set(), expected={9: "d", 8: "c"}) == [Offer("w", 8, "c")]
+    assert sync.trusted_offers(older, links=set(), expected={9: "d", 8: "c"}.get) == [Offer("w", 8, "c")]
 
 
 def test_the_largest_group_of_offers_with_the_same_chunks_is_downloaded_first() -> None:
-    offers = [Offer("c", 9, "h"), Offer("a", 9, "h"), Offer("b", 9, "h"), Offer("d", 9, "h")]
     chunks = {"a": ("1", "2"), "b": ("1", "2"), "c": ("1", "3"), "d": ("1", "4")}
-    order = sync.download_order(offers, chunks)
+    offers = [Chunked(p, 9, "h", chunks[p]) for p in "cabd"]
+    order = sync.download_order(offers)
     assert [[o.peer for o in g] for g in order] == [["a", "b"], ["c"], ["d"]]
 
 
@@ -66,8 +72,8 @@ def test_a_hash_off_the_majority_resyncs_unless_our_chain_wins() -> None:
     """Off the reports' majority on a round since the last re-sync: without a look at the chains it re-syncs;
     with one, the chain rule decides (a peer whose chain wins stays). A mismatch on a round before the last
     re-sync is on weights replaced since: nothing to repair."""
-    assert sync.off_majority(7, trusted_from=5) and not sync.off_majority(4, trusted_from=5)
-    assert not sync.off_majority(None, trusted_from=0)
+    assert sync.mismatch_counts(7, trusted_from=5) and not sync.mismatch_counts(4, trusted_from=5)
+    assert not sync.mismatch_counts(None, trusted_from=0)
     assert sync.after_hash_check(True, chain.Follow(), None) == "resync"
     assert sync.after_hash_check(False, chain.Follow(), None) is None
     tails = {"me": [(6, "m")], "a": [(6, "m")], "b": [(6, "x")]}

@@ -754,7 +754,7 @@ class Simulation:
         offers = [_Offer(q, t[-1][0] + 1, t[-1][1], offer) for q, (seen, t, offer) in p.records.items()
                   if q != p.id and t and offer is not None and self._fresh(p, q, seen) and t[-1][0] > after
                   and self.peers[q].alive and self._linked(p, self.peers[q])]
-        good = sync_rules.trusted_offers(offers, links=links, expected={})
+        good = sync_rules.trusted_offers(offers, links=links, expected=lambda r: None)
         return min(good, key=lambda o: o.peer).state if good else None
 
     def _resync(self, p: VPeer, r: int, winners: tuple[str, ...], fork: bool) -> None:

@@ -488,7 +488,7 @@ class Peer:
             self.chains = found.chains
         # the rules: protocol/sync.py (a round before our last re-sync was checked on weights replaced since;
         # without a look at the chains, the chores found none to take, the reports decide alone)
-        off = sync_rules.off_majority(found.mismatch, self.history.trusted_from)
+        off = sync_rules.mismatch_counts(found.mismatch, self.history.trusted_from)
         act = sync_rules.after_hash_check(off, self.follow, self.chains.standing if found.chains is not None else None)
         if off and act is None:
             log.info("weight hash of round=%d differs from the majority, but this peer's chain wins by the "

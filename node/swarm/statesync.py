@@ -111,8 +111,7 @@ def newest_offers(membership: Membership, cfg: SwarmConfig, me: str, min_round: 
                  ",".join(f"{m.peer[:12]}@{m.round}" for m in beyond))
         manifests = [m for m in manifests if m not in beyond]
     links = winning_links(membership, me) if links is None else links
-    expected = {} if links else {r: expected_hash(membership, r) for r in {m.round for m in manifests}}
-    good = sync_rules.trusted_offers(manifests, links=links, expected=expected)
+    good = sync_rules.trusted_offers(manifests, links=links, expected=lambda r: expected_hash(membership, r))
     if manifests and not good:
         log.info("state offers of rounds %s all disagree with the swarm's chain or hash",
                  ",".join(map(str, sorted({m.round for m in manifests}))))
@@ -138,7 +137,7 @@ def fetch(*, transport: Transport, membership: Membership, cfg: SwarmConfig, run
         if not offers:
             time.sleep(0.5)
             continue
-        for group in sync_rules.download_order(offers, {m.peer: tuple(m.chunks) for m in offers}):
+        for group in sync_rules.download_order(offers):
             got = _download(group, transport=transport, membership=membership, cfg=cfg, run_id=run_id,
                             deadline=min(deadline, time.monotonic() + max(10.0, deadline_s / 2)))
             ref = group[0]

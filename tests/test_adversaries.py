@@ -157,7 +157,9 @@ def test_floods_of_member_records_and_sybil_votes_move_no_honest_peer(run_swarm,
     summary, peers = adversaries(run_swarm, ["flood", "sybilvotes"], rounds, extra=["swarm.max_wait_s=20"])
     for i, p in enumerate(peers[:3]):
         log = (summary_dir(summary) / f"peer-{i}.log").read_text()
-        moved = log.count("differs from the majority") + log.count("adopting theirs")
+        # a move: a re-sync begun (the hash check's, the last round's) or a chain adopted; not the line that
+        # says its hash differs but its chain wins, so it stays
+        moved = log.count("re-syncing") + log.count("adopting theirs")
         assert moved <= rounds // 4 and p["resyncs"] <= rounds // 4, (f"peer-{i} was moved", moved, p["resyncs"])
     progress, own = honest_in_half(summary, metrics_of, range(3))
     assert progress, own
@@ -185,12 +187,14 @@ def test_updates_that_do_not_help_count_for_little(run_swarm, metrics_of) -> Non
     rounds = 8
     summary, peers = adversaries(run_swarm, ["signflip", "noise", "freerider"], rounds, honest=4)
     for bad in peers[4:]:
-        counted, applied = [], []
+        counted, hashes = [], []
         for i in range(4):
             rows = metrics_of(summary, i)
             counted.append(set(_counted(rows, bad["peer"])))
-            applied.append({row["round"] for row in rows})
-        both = set.intersection(*applied)  # rounds every honest peer applied itself (none re-synced past them)
+            hashes.append({row["round"]: row["hash"] for row in rows})
+        # the rounds every honest peer applied itself (none re-synced past them) to the same weights: a round a
+        # busy machine split (repaired by a re-sync later) was decided apart on the two sides, as it may be
+        both = {r for r in set.intersection(*(set(h) for h in hashes)) if len({h[r] for h in hashes}) == 1}
         assert len({frozenset(c & both) for c in counted}) == 1, (bad["role"], counted)  # decided alike
         assert len(counted[0]) <= rounds // 2, (bad["role"], counted)
     progress, own = honest_in_half(summary, metrics_of, range(4))

@@ -42,9 +42,12 @@ def test_straggler_and_dropout(run_swarm, metrics_of) -> None:
     assert fast["rounds"] == slow["rounds"] == 8
     assert fast["param_hash"] == slow["param_hash"]
     fast_rows, slow_rows = metrics_of(summary, 0), metrics_of(summary, 2)
-    # the fast peer's own update makes most rounds (every round on an idle machine); the straggler cut
-    # rounds short (fewer tokens) instead of holding the others up
-    assert 2 * sum(row["own_included"] is True for row in fast_rows) >= len(fast_rows), fast_rows
+    # the fast peer's update is in the decided set of most rounds (every round on an idle machine); the
+    # straggler cut rounds short (fewer tokens) instead of holding the others up. (Decided, not weighed: with
+    # two updates left after the dropout, the robust rule's direction screen depends on their content, which
+    # depends on how many steps each made)
+    made_fast = [fast["peer"] in row["senders"] for row in fast_rows]
+    assert 2 * sum(made_fast) >= len(fast_rows), fast_rows
     assert any(row["steps"] < 48 for row in slow_rows[1:])
     # the straggler stays in phase (abstaining from a round it cannot make, see exchange.py) and contributes,
     # its updates weighted by the fewer tokens they carry: in 4-6 of the last 6 rounds on an idle machine;

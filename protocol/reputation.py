@@ -33,7 +33,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gradnode.protocol.robust import Screen
+from gradnode.protocol.screening import Screen
 
 DECAY = 0.7
 BAN_BELOW = 0.5

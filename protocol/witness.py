@@ -34,3 +34,13 @@ def witnessed(reports: Iterable[bytes]) -> bytes:
         counts.update(set(unpack(fps)))
     need = quorum(len(reports))
     return b"".join(sorted(fp for fp, n in counts.items() if n >= need))
+
+
+WITNESS_WINDOW = 8  # rounds: a peer whose update was applied this recently witnesses the next round
+
+
+def eligible_witnesses(contributors: dict[str, int], round_: int) -> list[str]:
+    """The eligible witnesses of ``round_``: the peers whose updates rounds ``round_ - WITNESS_WINDOW`` to
+    ``round_ - 1`` applied, by the contributors ledger (Engine.contributors). Not the previous round's senders
+    alone: a witness left out of one round (late, or its update censored) still counts in the next."""
+    return sorted(p for p, r in contributors.items() if round_ - WITNESS_WINDOW <= r < round_)

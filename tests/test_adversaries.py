@@ -70,8 +70,9 @@ def test_a_mix_of_adversaries_moves_no_honest_peer_and_counts_for_little(run_swa
     """One swarm, four honest peers and five attackers with valid keys of their own, each a different kind
     (the real-process check of the wiring; each kind's decisions are tested one by one where that is cheap
     and repeatable: the witness liars, record floods and sybil votes across seeds in the deterministic
-    simulator, tests/test_virtual.py; what the rules and the robust rule make of each payload in
-    tests/test_rules.py, test_robust.py and `gradnode bench robust`):
+    simulator, tests/test_virtual.py, where the robust rule's screens judge vectors that stand for the updates;
+    what the rules and the robust rule make of each real payload in tests/test_rules.py, test_robust.py and
+    `gradnode bench robust`):
     - equivocate (peer 4): publishes two reports for each round it witnesses, the second naming only its own
       update, taking turns in the DHT every 0.1 s for a second. A peer that reads both versions holds two
       reports peer 4 signed for one round: it never counts it again, ignores its updates and reports it; the

@@ -226,7 +226,7 @@ def test_a_state_claimed_far_ahead_is_refused(tmp_path: Path, monkeypatch: pytes
 # round 2 arrived at round 8 once), with rounds left to train.
 PACED = ["inner.steps=10", "swarm.slowdown=30", "swarm.state_chunk_bytes=65536"]
 # what the robust rule may give an honest peer's update in the decided set: counted (None), or weight 0 for its
-# direction, its size or its reputation; never 'replay' or 'duplicate' (protocol/robust.py's REASONS)
+# direction, its size or its reputation; never 'replay' or 'duplicate' (protocol/screening.py's REASONS)
 HONEST_SCREENS = (None, "direction", "small", "reputation")
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gradnode.node.swarm.agreement import WITNESS_WINDOW, eligible_witnesses
+from gradnode.protocol.witness import WITNESS_WINDOW, eligible_witnesses
 
 
 def test_a_witness_left_out_of_rounds_still_witnesses_until_the_window_passes() -> None:

@@ -35,6 +35,13 @@ Adversaries (``Scenario.liars``): a real core whose outputs a policy rewrites, n
 - ``equivocate``: two reports for each round, the honest one to half the peers and one listing only its
   own update to the other half (the worst case for the rule: nobody holds both, so nobody can prove it).
 - ``withhold``: announces its update and never serves it (every fetch of it ends without the bytes).
+- ``signflip``, ``noise``, ``freerider``: an honest witness whose update does not help (robust learning's swarm
+  attacks). Every update carries a vector (``DIM`` floats: an honest one is the round's true direction plus
+  noise, scaled by the share of its steps it ran; these send it negated, a random vector of its norm, or an
+  update of another peer that their previous round applied), and every peer applies a decided set through
+  the robust rule's screens (protocol/screening.py: the node's code, run on the vectors' exact Gram matrix)
+  and the reputation table, shared state like the ledger: a screened-out sender is no contributor.
+  ``Scenario.aggregation = "mean"`` counts every update in the set (the rule before the screens).
 ``Scenario.rule`` picks the decision: ``witnesses`` (the core: what a strict majority of the counted reports
 lists) or ``leader`` (the rule before witnesses: the lowest-id witness's report is the round's set), so that
 a test shows an attack succeeding without the defence and failing with it.
@@ -60,11 +67,13 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, NamedTuple
 
-from gradnode.node.swarm.agreement import eligible_witnesses
+from gradnode.protocol.witness import eligible_witnesses
 from gradnode.protocol import chain
 from gradnode.protocol import round as core
 from gradnode.protocol import sync as sync_rules
 from gradnode.protocol.records import pack, resolve
+from gradnode.protocol.reputation import Reputation
+from gradnode.protocol.screening import judge
 
 TAIL = 4  # rounds of its chain a peer publishes (protocol/chain.py)
 CONTRIBUTOR_ROUNDS = 64  # the contributors ledger's memory (train/engine.py)
@@ -73,7 +82,11 @@ LINGER_S = 60.0  # then it serves on while others are not on its state, looking 
 LOOK_S = 2.0  # how often a lingering peer looks at the chains
 FORK_SYNC_S = 10.0  # how long a peer off the winning chain looks for its state offer (node/swarm/sync.py)
 OFFER_POLL_S = 0.5  # how often a peer looking for a state offer reads the offers again (statesync.fetch)
-LIAR_KINDS = ("censor", "equivocate", "withhold")  # the adversaries modelled (see the module's docstring)
+WITNESS_LIES = ("censor", "equivocate", "withhold")  # liars about what they hold (see the module's docstring)
+CONTENT_LIES = ("signflip", "noise", "freerider")  # honest witnesses whose updates do not help
+LIAR_KINDS = WITNESS_LIES + CONTENT_LIES  # the adversaries modelled
+DIM = 64  # an update's content: a vector this long (the robust rule judges it as the node judges tensors)
+NOISE = 1.0  # an honest update: the round's true direction (unit) plus noise of this norm (cosines ~0.5)
 LIFE_ACTIONS = ("kill", "stop", "restart", "join")
 RETRY_S = 1.0  # a lost transfer is noticed and retried this much later (the transport's timeout and retry)
 POLL_S = 0.5  # how often a computing peer reads the announcements for its stop time (clock.RoundClock.POLL_S)
@@ -94,7 +107,11 @@ class Scenario:
     update_bytes: int = 20_000
     state_bytes: int = 2_000_000
     params: core.Params = core.Params(min_deadline_s=2.0, max_wait_s=60.0)
-    liars: tuple[tuple[int, str], ...] = ()  # (peer index, 'censor' | 'equivocate' | 'withhold')
+    liars: tuple[tuple[int, str], ...] = ()  # (peer index, one of LIAR_KINDS)
+    # how a decided set is aggregated: 'robust' (the node's default, protocol/screening.py's screens and the
+    # reputation table over the updates' vectors; a screened-out sender is no contributor) or 'mean' (every
+    # update in the set counts: the rule before the screens)
+    aggregation: str = "robust"
     rule: str = "witnesses"  # or 'leader': the lowest-id witness's report decides (the rule before witnesses)
     # a network split: the peers of each group (indices) reach only each other from the first announcement of
     # round ``partition_at`` until the first of round ``heal_at`` (-1: never healed)
@@ -149,6 +166,8 @@ class Scenario:
                 raise ValueError(f"liar {index}:{kind}: a peer 0..{self.peers - 1} and one of {', '.join(LIAR_KINDS)}")
         if self.votes not in ("contributors", "everyone") or self.sybils < 0 or self.eligible not in ("live", "ledger"):
             raise ValueError(f"votes {self.votes!r}: 'contributors' or 'everyone'; sybils >= 0")
+        if self.aggregation not in ("robust", "mean"):
+            raise ValueError(f"aggregation {self.aggregation!r}: 'robust' or 'mean'")
         if self.rule not in ("witnesses", "leader"):
             raise ValueError(f"rule {self.rule!r}: 'witnesses' or 'leader'")
         for action, index, _ in self.life:
@@ -208,6 +227,8 @@ class VPeer:
     abstained: set[int] = field(default_factory=set)  # rounds it sat out (too slow for their deadline)
     ledger: dict[str, int] = field(default_factory=dict)  # contributors: sender -> last round applied (shared state)
     senders: frozenset[str] = frozenset()  # the senders of the last round it applied (whose records set the pace)
+    counted: dict[int, frozenset[str]] = field(default_factory=dict)  # round -> the senders the aggregate counted
+    reputation: Reputation = field(default_factory=Reputation)  # the robust rule's table (shared state)
     incarnation: int = 0  # bumped when its process dies or starts (its heartbeat belongs to one)
 
     def tail(self) -> tuple[chain.Link, ...]:
@@ -254,6 +275,8 @@ class Simulation:
         self.downloads = 0  # states a (re)starting peer adopted
         self.abstained = 0  # honest peer-rounds sat out (too slow for the round's deadline)
         self.cut_short = 0  # honest peer-rounds computed with fewer steps than inner_steps (the stop time)
+        self.content: dict[str, tuple[tuple[float, ...], int]] = {}  # an update's digest -> its vector and tokens
+        self._judged: dict[tuple[str, bytes], tuple[frozenset[str], Reputation]] = {}  # (chain, set) -> screens
         for _, _, action, peer in self.life:
             if action == "join":
                 self.peers[peer].alive = False
@@ -361,7 +384,7 @@ class Simulation:
         """Its member record (its chain's tail) and its state offer reach the others; it holds them itself."""
         tail = p.tail()
         if p.offer is None or p.offer[0] != tail:
-            p.offer = (tail, dict(p.hashes), dict(p.applied), dict(p.ledger))
+            p.offer = (tail, dict(p.hashes), dict(p.applied), dict(p.ledger), p.reputation)
         record = (tail, p.offer)
         p.records[p.id] = (self.now, *record)
         self._broadcast(p, lambda q, now: q.records.__setitem__(p.id, (now, *record)))
@@ -411,7 +434,7 @@ class Simulation:
         ahead of its own (Peer start-up: Sync.level), and trains on from there."""
         p.alive, p.done, p.gen, p.incarnation = True, False, p.gen + 1, p.incarnation + 1
         if fresh:
-            p.hashes, p.applied, p.ledger = {-1: "genesis"}, {}, {}
+            p.hashes, p.applied, p.ledger, p.reputation = {-1: "genesis"}, {}, {}, Reputation()
         p.senders = frozenset()  # in memory only
         p.records, p.cores, p.offer = {}, {}, None
         p.records_of, p.weights = defaultdict(list), defaultdict(dict)
@@ -428,7 +451,7 @@ class Simulation:
         offer = self._newest_offer(p, links, after=own)
         start = own + 1
         if offer is not None:
-            tail, hashes, applied, ledger = offer
+            tail, hashes, applied, ledger, p.reputation = offer
             start = tail[-1][0] + 1
             p.hashes, p.applied, p.ledger, p.senders = dict(hashes), dict(applied), dict(ledger), frozenset()
             p.busy_until = self.now + self._transfer_s(None, p.id, self.sc.state_bytes)
@@ -582,6 +605,7 @@ class Simulation:
         if not p.alive:  # its own churn event killed it
             return
         digest = _digest(p.id, r, p.hashes[r - 1])
+        self.content[digest] = self._content(p, r)
         self._open(p, r, sender=r not in p.abstained, digest=digest)  # a round sat out is never reported on
         sent = self.now
 
@@ -702,7 +726,9 @@ class Simulation:
         # what it applies: an update it never verified is in its ledger all the same)
         p.sets[r] = frozenset(s for s, _ in resolve(fps, ((q, _digest(q, r, c.seed)) for q in self.peers))[0])
         p.senders = p.sets[r]
-        p.ledger = {q: k for q, k in {**p.ledger, **dict.fromkeys(p.sets[r], r)}.items() if k > r - CONTRIBUTOR_ROUNDS}
+        p.counted[r] = self._aggregate(p, r, c.seed, fps)
+        # contributors: the senders whose updates counted (the robust rule gives a screened-out one weight 0)
+        p.ledger = {q: k for q, k in {**p.ledger, **dict.fromkeys(p.counted[r], r)}.items() if k > r - CONTRIBUTOR_ROUNDS}
         p.hashes[r] = hashlib.sha256(p.hashes[r - 1].encode() + fps).hexdigest()[:16]
         # one chain per side while the network is split: both sides train on, by design (the heal merges them
         # onto the chain rule's winner); what must never differ is the set two peers of one side apply
@@ -720,6 +746,52 @@ class Simulation:
         p.weights[r][p.id] = h
         self._publish_record(p)
         self._check(p, r - 1)
+
+    def _content(self, p: VPeer, r: int) -> tuple[tuple[float, ...], int]:
+        """p's update of round r as the robust rule sees it: a vector and its tokens (the steps it ran). An honest
+        one is the round's true direction (a unit vector drawn from the round) plus noise of norm NOISE, scaled
+        by the share of the round's steps it ran; 'signflip' sends it negated, 'noise' a random vector of its
+        norm, 'freerider' an update of another peer that its previous round applied (its own in round 0)."""
+        steps = p.steps.get(r, self.sc.inner_steps)
+        g, n = random.Random(f"{self.sc.seed}/truth/{r}"), random.Random(f"{self.sc.seed}/noise/{p.id}/{r}")
+        truth = _unit([g.gauss(0.0, 1.0) for _ in range(DIM)])
+        noise = _unit([n.gauss(0.0, 1.0) for _ in range(DIM)])
+        scale = steps / self.sc.inner_steps
+        vec = [(a + NOISE * b) * scale for a, b in zip(truth, noise)]
+        if p.lie == "signflip":
+            vec = [-x for x in vec]
+        elif p.lie == "noise":
+            size = math.sqrt(math.fsum(x * x for x in vec))
+            vec = [x * size for x in _unit([n.gauss(0.0, 1.0) for _ in range(DIM)])]
+        elif p.lie == "freerider" and r - 1 in p.sets and r - 2 in p.hashes:
+            # the update of the lowest id it applied in round r - 1 on the chain it holds now (none after a
+            # re-sync that adopted that round: then it sends its own)
+            copies = [self.content.get(_digest(q, r - 1, p.hashes[r - 2])) for q in sorted(p.sets[r - 1] - {p.id})]
+            copy = next((x for x in copies if x is not None), None)
+            if copy is not None:
+                return copy[0], steps
+        return tuple(vec), steps
+
+    def _aggregate(self, p: VPeer, r: int, seed: str, fps: bytes) -> frozenset[str]:
+        """The senders whose updates the aggregate of p's set for round r counts: every one under 'mean'; under
+        'robust', those protocol/screening.py's screens give a weight (the reputation table, shared state, moves
+        with the set). Judged once per chain and set: every peer on the chain holds the same table."""
+        senders = p.sets[r]
+        if self.sc.aggregation == "mean":
+            return senders
+        key = (seed, fps)
+        if key not in self._judged:
+            pairs = sorted((q, bytes.fromhex(_digest(q, r, seed))) for q in senders)
+            vecs = [self.content[d.hex()][0] for _, d in pairs]
+            gram = [[math.fsum(a * b for a, b in zip(u, w)) for w in vecs] for u in vecs]
+            screens = judge(pairs, [hashlib.sha256(repr(u).encode()).digest() for u in vecs], gram,
+                            [math.sqrt(gram[i][i]) for i in range(len(vecs))],
+                            [float(self.content[d.hex()][1]) for _, d in pairs], [False] * len(vecs),
+                            reputation=p.reputation.weights(), previous=p.reputation.recent)
+            counted = frozenset(s.sender for s in screens if s.weight > 0)
+            self._judged[key] = (counted, p.reputation.after(screens, established=p.ledger))
+        counted, p.reputation = self._judged[key]
+        return counted
 
     def _check(self, p: VPeer, r: int, last: bool = False, lingering: bool = False) -> None:
         """After applying round r + 1 (or at the end, ``last``): round r's hash against the majority of the
@@ -786,7 +858,7 @@ class Simulation:
 
     def _adopt(self, p: VPeer, r: int, offer: Any) -> None:
         """p downloads ``offer`` and runs on from it (its rounds after the offer's are computed again)."""
-        tail, hashes, applied, ledger = offer
+        tail, hashes, applied, ledger, p.reputation = offer
         newest = tail[-1][0]
         p.resyncs += 1
         self.repairs.append(newest - r)
@@ -846,6 +918,12 @@ class Simulation:
                                 for q in self.peers.values()},
                 "kept_out": self._kept_out(),
                 "liar_rounds": sum(bool(liars & p.sets[r]) for p in self.peers.values() if not p.lie for r in p.sets),
+                # per peer, the honest peer-rounds whose aggregate counted its update (the robust rule's screens)
+                "counted": {q.id: sum(q.id in p.counted[r] for p in self.peers.values() if not p.lie for r in p.counted)
+                            for q in self.peers.values()},
+                # honest updates in an honest peer's applied set that its aggregate did not count
+                "honest_screened": sum(len(p.sets[r] - p.counted[r] - liars) for p in self.peers.values()
+                                       if not p.lie for r in p.counted),
                 "stalled": self.stalled, "per_round": [{"round": r, **self.per_round[r]} for r in sorted(self.per_round)],
                 "events": self.events, "virtual_s": round(self.now, 3), "wall_s": round(wall, 3),
                 "scenario": {k: v for k, v in asdict(self.sc).items() if k != "params"}}
@@ -943,6 +1021,11 @@ def parse_liars(spec: str | None, peers: int) -> tuple[tuple[int, str], ...]:
     return tuple(out)
 
 
+def _unit(v: list[float]) -> list[float]:
+    size = math.sqrt(math.fsum(x * x for x in v))
+    return [x / size for x in v]
+
+
 def _digest(peer: str, round_: int, seed: str) -> str:
     """The digest of ``peer``'s update of ``round_`` made on the chain ``seed`` (its blob, in the simulator)."""
     return hashlib.sha256(f"{peer}/{round_}/{seed}".encode()).hexdigest()
@@ -976,7 +1059,9 @@ def print_summary(out: dict[str, Any]) -> None:
               f"{heal} (each side trains on; the rounds to converge count from the heal)")
     if out["scenario"]["liars"]:
         print(f"liars {', '.join(f'{i}:{k}' for i, k in out['scenario']['liars'])}: honest updates kept out "
-              f"{out['kept_out']}; peer-rounds that applied a liar's update {out['liar_rounds']}")
+              f"{out['kept_out']}; peer-rounds that applied a liar's update {out['liar_rounds']}, that counted it "
+              f"(the robust rule's screens) {', '.join(str(out['counted'][f'p{i:04d}']) for i, _ in out['scenario']['liars'])}; "
+              f"honest updates screened out {out['honest_screened']}")
     if sc["swizzle_at"] >= 0:
         print(f"swizzle-clogging from round {sc['swizzle_at']}: a link clogs every {sc['swizzle_s']:g} s, then they "
               f"unclog (the rounds to converge count from the last)")

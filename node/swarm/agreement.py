@@ -60,16 +60,6 @@ from gradnode.protocol.records import (
 log = logging.getLogger(__name__)
 
 POLL_S = core.POLL_S
-WITNESS_WINDOW = 8  # rounds: a peer whose update was applied this recently witnesses the next round
-
-
-def eligible_witnesses(contributors: dict[str, int], round_: int) -> list[str]:
-    """The eligible witnesses of ``round_``: the peers whose updates rounds ``round_ - WITNESS_WINDOW`` to
-    ``round_ - 1`` applied, by the contributors ledger (Engine.contributors). Not the previous round's senders
-    alone: a witness left out of one round (late, or its update censored) still counts in the next."""
-    return sorted(p for p, r in contributors.items() if round_ - WITNESS_WINDOW <= r < round_)
-
-
 @dataclass(frozen=True)
 class Verdict:
     """A set of updates for the round: fingerprints (sorted) and the reports it was counted from."""

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from gradnode.node.config import Config
 from gradnode.node.swarm import admission, adversary, health
 from gradnode.node.swarm.addressbook import AddressBook, with_peer_id
-from gradnode.node.swarm.agreement import abstain, eligible_witnesses
+from gradnode.node.swarm.agreement import abstain
 from gradnode.node.swarm.chores import Chores, off_majority
 from gradnode.node.swarm.clock import Clock
 from gradnode.node.swarm.equivocation import Equivocators, OwnReports
@@ -52,6 +52,7 @@ from gradnode.protocol import chain
 from gradnode.protocol import sync as sync_rules
 from gradnode.protocol.chain import Link
 from gradnode.protocol.records import update_name
+from gradnode.protocol.witness import eligible_witnesses
 
 if TYPE_CHECKING:  # torch: imported by the training loop only, not by `--help`
     from gradnode.node.train.engine import Engine, RoundStats, Snapshot

@@ -159,6 +159,10 @@ class Scenario:
     # (the transport's retry); the DHT's records are never lost, they come late (``late_p``)
     link_spread: float = 1.0
     loss_p: float = 0.0
+    # a restarted peer that kept its disk replays the rounds it missed (fetches their updates and applies them)
+    # when they are at most this many and weigh less than the state, else downloads the state
+    # (swarm.catchup_rounds; protocol/sync.py replay_or_download, as node/swarm/sync.py decides); 0: always download
+    catchup_rounds: int = 8
 
     def __post_init__(self) -> None:
         for index, kind in self.liars:
@@ -273,6 +277,7 @@ class Simulation:
         self.heartbeat_s = min(10.0, sc.record_ttl_s / 3)
         self.life = sorted(((r, n, action, f"p{i:04d}") for n, (action, i, r) in enumerate(sc.life)))
         self.downloads = 0  # states a (re)starting peer adopted
+        self.catchups = 0  # (re)starting peers that replayed the rounds they missed instead
         self.abstained = 0  # honest peer-rounds sat out (too slow for the round's deadline)
         self.cut_short = 0  # honest peer-rounds computed with fewer steps than inner_steps (the stop time)
         self.content: dict[str, tuple[tuple[float, ...], int]] = {}  # an update's digest -> its vector and tokens
@@ -453,9 +458,17 @@ class Simulation:
         if offer is not None:
             tail, hashes, applied, ledger, p.reputation = offer
             start = tail[-1][0] + 1
+            # replay the missed rounds (their updates, fetched from any holder) or download the state: a peer
+            # with no history of its own, or whose newest round is not on the offer's chain, downloads
+            missed = sum(len(applied.get(k, b"")) // 16 for k in range(own + 1, start)) * self.sc.update_bytes
+            on_chain = own >= 0 and hashes.get(own) == p.hashes.get(own)
+            how = sync_rules.replay_or_download(behind=start - (own + 1), window=self.sc.catchup_rounds,
+                                                replay_bytes=missed, state_bytes=self.sc.state_bytes) \
+                if on_chain else "download"
             p.hashes, p.applied, p.ledger, p.senders = dict(hashes), dict(applied), dict(ledger), frozenset()
-            p.busy_until = self.now + self._transfer_s(None, p.id, self.sc.state_bytes)
-            self.downloads += 1
+            p.busy_until = self.now + self._transfer_s(None, p.id, missed if how == "replay" else self.sc.state_bytes)
+            self.downloads += how == "download"
+            self.catchups += how == "replay"
         self._publish_record(p)
         self._compute(p, start)
 
@@ -913,6 +926,7 @@ class Simulation:
                 "rounds_to_converge": converged, "final_hashes": len(final),
                 "resyncs": sum(p.resyncs for p in self.peers.values() if not p.lie), "undecided": self.undecided,
                 "waited_out": self.waited_out, "no_offer": self.no_offer, "downloads": self.downloads,
+                "catchups": self.catchups,
                 "abstained": self.abstained, "cut_short": self.cut_short,
                 "contributed": {q.id: sum(q.id in p.sets[r] for p in self.peers.values() if not p.lie for r in p.sets)
                                 for q in self.peers.values()},

@@ -1,4 +1,4 @@
-"""Adversarial peers as real processes with their own keys (`simulate --faults equivocate:P,tokens:P,...`): one
+"""Adversarial peers as real processes with their own keys (`simulate --faults equivocate:P,sybilvotes:P,...`): one
 swarm that mixes the kinds checks the wiring; each kind's decisions are tested one by one in the deterministic
 simulator (tests/test_virtual.py) and in the rules' own tests (issue 23: the real-process tier keeps one mix).
 
@@ -77,7 +77,12 @@ def test_a_mix_of_adversaries_moves_no_honest_peer_and_counts_for_little(run_swa
       update, taking turns in the DHT every 0.1 s for a second. A peer that reads both versions holds two
       reports peer 4 signed for one round: it never counts it again, ignores its updates and reports it; the
       others check that proof and do the same;
-    - tokens (peer 5) declares 2^62 tokens, more than a round allows: refused as 'inflated_tokens';
+    - sybilvotes (peer 5) trains honestly and runs 8 more keys (one DHT node of its own) that never send an
+      update but report a weight hash nobody holds for every round and publish member records following a
+      chain of those hashes: more votes than the honest peers, one per key. Weight reports and chains count
+      one per recent contributor (the shared ledger, wired into the node's Membership), so no honest peer
+      finds its hash off the majority or its chain outvoted: none re-syncs towards a state nobody offers
+      (counted per key, every honest peer moved every round: the simulator's sybil test shows it);
     - crossrun (peer 6): the simulator makes the run with a genesis, as `gradnode run init` does, and peer 6
       sends the updates it signed for an earlier run of the same name, config and seed: refused as
       'replayed' (the genesis's nonce makes the run ids differ);
@@ -85,23 +90,31 @@ def test_a_mix_of_adversaries_moves_no_honest_peer_and_counts_for_little(run_swa
       its direction and its reputation bans it;
     - freerider (peer 8) sends, as its own, another peer's update that the previous round applied: screened
       out as a replay.
-    Asserted, what holds whatever the load does to the schedule: the honest peers end on one hash; the
-    refused updates are refused for their reason only, a bounded number of times, and never in a decided
-    set; the equivocator is caught by every honest peer before the run ends, on a proof each checked, and
-    its update is in no set after that; the two robust-rule attackers count in at most half the rounds,
-    alike on every honest peer; the honest peers' own updates are in at least half their peer-rounds, and
-    the model learns. How soon each is caught or screened depends on the schedule: not asserted."""
-    rounds = 8
-    summary, peers = adversaries(run_swarm, ["equivocate", "tokens", "crossrun", "signflip", "freerider"], rounds,
+    Asserted, what holds whatever the load does to the schedule: the honest peers end on one hash; an honest
+    peer moved off its chain in at most a quarter of the rounds (a busy machine can split a round honestly
+    now and then, and a re-sync repairs it: the sybils would move it every round); the replayed updates are
+    refused for that reason only, a bounded number of times, and never in a decided set; the equivocator is
+    caught by every honest peer before the run ends, on a proof each checked, and its update is in no set
+    after that; the two robust-rule attackers count in at most half the rounds, alike on every honest peer;
+    the honest peers' own updates are in at least half their peer-rounds, and the model learns. How soon each
+    is caught or screened depends on the schedule: not asserted. (The rules' other kinds, inflated tokens and
+    dense updates, are refused by the same path as the replay: tests/test_rules.py builds each payload with
+    the adversary's own code and checks the rules refuse it.)"""
+    rounds = 10
+    summary, peers = adversaries(run_swarm, ["equivocate", "sybilvotes", "crossrun", "signflip", "freerider"], rounds,
                                  honest=4)
     run = summary_dir(summary)
     assert (run / "genesis.json").exists() and (run / "peer-6" / "earlier-genesis.json").exists()
     liar, honest = peers[4]["peer"], {p["peer"] for p in peers[:4]}
-    refused = {peers[5]["peer"]: "inflated_tokens", peers[6]["peer"]: "replayed"}
+    refused = {peers[6]["peer"]: "replayed"}
     total, caught = dict.fromkeys(refused, 0), []
     for i, p in enumerate(peers[:4]):
         log = (run / f"peer-{i}.log").read_text()
         rows = metrics_of(summary, i)
+        # the sybil votes: a move is a re-sync begun (the hash check's, the last round's) or a chain adopted;
+        # not the line that says its hash differs but its chain wins, so it stays
+        moved = log.count("re-syncing") + log.count("adopting theirs")
+        assert moved <= rounds // 4 and p["resyncs"] <= rounds // 4, (f"peer-{i} was moved", moved, p["resyncs"])
         # the rules: each refused for its reason only, bounded by the ignore rule, never in a decided set
         for who, reason in refused.items():
             n = rejected_only_for(p["rejected_by_sender"], who, reason)
@@ -116,7 +129,7 @@ def test_a_mix_of_adversaries_moves_no_honest_peer_and_counts_for_little(run_swa
         caught.append(first)
         # every honest update, taken together, in at least half the rounds (a censoring report is one of seven)
         assert 2 * sum(len(honest & set(row["senders"])) for row in rows) >= len(honest) * len(rows), rows
-    assert all(total.values()), total  # each refused attacker's bytes reached some honest peer
+    assert all(total.values()), total  # the replayer's bytes reached some honest peer and were refused
     for i in range(4):  # once every honest peer ignores it, its update is in no round
         later = [row for row in metrics_of(summary, i) if row["round"] > max(caught) + 1]
         assert all(liar not in row["senders"] for row in later), (caught, later)

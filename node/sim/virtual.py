@@ -87,6 +87,7 @@ CONTENT_LIES = ("signflip", "noise", "freerider")  # honest witnesses whose upda
 LIAR_KINDS = WITNESS_LIES + CONTENT_LIES  # the adversaries modelled
 DIM = 64  # an update's content: a vector this long (the robust rule judges it as the node judges tensors)
 NOISE = 1.0  # an honest update: the round's true direction (unit) plus noise of this norm (cosines ~0.5)
+DRIFT = 0.8  # the cosine of one round's true direction to the last's (the loss surface changes slowly)
 LIFE_ACTIONS = ("kill", "stop", "restart", "join")
 RETRY_S = 1.0  # a lost transfer is noticed and retried this much later (the transport's timeout and retry)
 POLL_S = 0.5  # how often a computing peer reads the announcements for its stop time (clock.RoundClock.POLL_S)
@@ -112,6 +113,7 @@ class Scenario:
     # reputation table over the updates' vectors; a screened-out sender is no contributor) or 'mean' (every
     # update in the set counts: the rule before the screens)
     aggregation: str = "robust"
+    lies_from: int = 0  # the round from which the unhelpful kinds (CONTENT_LIES) lie; honest before it
     rule: str = "witnesses"  # or 'leader': the lowest-id witness's report decides (the rule before witnesses)
     # a network split: the peers of each group (indices) reach only each other from the first announcement of
     # round ``partition_at`` until the first of round ``heal_at`` (-1: never healed)
@@ -232,6 +234,7 @@ class VPeer:
     ledger: dict[str, int] = field(default_factory=dict)  # contributors: sender -> last round applied (shared state)
     senders: frozenset[str] = frozenset()  # the senders of the last round it applied (whose records set the pace)
     counted: dict[int, frozenset[str]] = field(default_factory=dict)  # round -> the senders the aggregate counted
+    reasons: dict[int, dict[str, str]] = field(default_factory=dict)  # round -> sender -> why the screens left it out
     reputation: Reputation = field(default_factory=Reputation)  # the robust rule's table (shared state)
     incarnation: int = 0  # bumped when its process dies or starts (its heartbeat belongs to one)
 
@@ -281,7 +284,9 @@ class Simulation:
         self.abstained = 0  # honest peer-rounds sat out (too slow for the round's deadline)
         self.cut_short = 0  # honest peer-rounds computed with fewer steps than inner_steps (the stop time)
         self.content: dict[str, tuple[tuple[float, ...], int]] = {}  # an update's digest -> its vector and tokens
-        self._judged: dict[tuple[str, bytes], tuple[frozenset[str], Reputation]] = {}  # (chain, set) -> screens
+        # (chain, set) -> the senders counted, the reputation table after, each sender's screen reason
+        self._judged: dict[tuple[str, bytes], tuple[frozenset[str], Reputation, dict[str, str]]] = {}
+        self._truth: list[list[float]] = []  # each round's true direction (a unit vector), drawn as needed
         for _, _, action, peer in self.life:
             if action == "join":
                 self.peers[peer].alive = False
@@ -618,7 +623,9 @@ class Simulation:
         if not p.alive:  # its own churn event killed it
             return
         digest = _digest(p.id, r, p.hashes[r - 1])
-        self.content[digest] = self._content(p, r)
+        # a digest names one content: a round announced again on the same chain (after a re-sync) is the same
+        # update to every reader, as its first announcement was
+        self.content.setdefault(digest, self._content(p, r))
         self._open(p, r, sender=r not in p.abstained, digest=digest)  # a round sat out is never reported on
         sent = self.now
 
@@ -766,31 +773,43 @@ class Simulation:
         by the share of the round's steps it ran; 'signflip' sends it negated, 'noise' a random vector of its
         norm, 'freerider' an update of another peer that its previous round applied (its own in round 0)."""
         steps = p.steps.get(r, self.sc.inner_steps)
-        g, n = random.Random(f"{self.sc.seed}/truth/{r}"), random.Random(f"{self.sc.seed}/noise/{p.id}/{r}")
-        truth = _unit([g.gauss(0.0, 1.0) for _ in range(DIM)])
+        n = random.Random(f"{self.sc.seed}/noise/{p.id}/{r}")
         noise = _unit([n.gauss(0.0, 1.0) for _ in range(DIM)])
         scale = steps / self.sc.inner_steps
-        vec = [(a + NOISE * b) * scale for a, b in zip(truth, noise)]
-        if p.lie == "signflip":
+        vec = [(a + NOISE * b) * scale for a, b in zip(self._direction(r), noise)]
+        lie = p.lie if r >= self.sc.lies_from else ""
+        if lie == "signflip":
             vec = [-x for x in vec]
-        elif p.lie == "noise":
+        elif lie == "noise":
             size = math.sqrt(math.fsum(x * x for x in vec))
             vec = [x * size for x in _unit([n.gauss(0.0, 1.0) for _ in range(DIM)])]
-        elif p.lie == "freerider" and r - 1 in p.sets and r - 2 in p.hashes:
-            # the update of the lowest id it applied in round r - 1 on the chain it holds now (none after a
-            # re-sync that adopted that round: then it sends its own)
-            copies = [self.content.get(_digest(q, r - 1, p.hashes[r - 2])) for q in sorted(p.sets[r - 1] - {p.id})]
-            copy = next((x for x in copies if x is not None), None)
+        elif lie == "freerider" and r - 1 in p.applied and r - 2 in p.hashes:
+            # the update of the lowest id that the chain it holds applied in round r - 1 (its own in round 0,
+            # with nothing to copy yet)
+            seed = p.hashes[r - 2]
+            pairs, _ = resolve(p.applied[r - 1], ((q, _digest(q, r - 1, seed)) for q in self.peers))
+            copy = next((self.content[d] for q, d in sorted(pairs) if q != p.id and d in self.content), None)
             if copy is not None:
                 return copy[0], steps
         return tuple(vec), steps
+
+    def _direction(self, r: int) -> list[float]:
+        """Round r's true direction: a unit vector at cosine ~DRIFT to round r - 1's (an update copied from the
+        last round points nearly where this round's do: only the replay screen tells it apart)."""
+        while len(self._truth) <= r:
+            g = random.Random(f"{self.sc.seed}/truth/{len(self._truth)}")
+            fresh = _unit([g.gauss(0.0, 1.0) for _ in range(DIM)])
+            last = self._truth[-1] if self._truth else fresh
+            self._truth.append(_unit([DRIFT * a + math.sqrt(1 - DRIFT * DRIFT) * b for a, b in zip(last, fresh)]))
+        return self._truth[r]
 
     def _aggregate(self, p: VPeer, r: int, seed: str, fps: bytes) -> frozenset[str]:
         """The senders whose updates the aggregate of p's set for round r counts: every one under 'mean'; under
         'robust', those protocol/screening.py's screens give a weight (the reputation table, shared state, moves
         with the set). Judged once per chain and set: every peer on the chain holds the same table."""
         senders = p.sets[r]
-        if self.sc.aggregation == "mean":
+        if self.sc.aggregation == "mean" or not senders:  # an empty set moves nothing, the table included
+            p.reasons[r] = {}
             return senders
         key = (seed, fps)
         if key not in self._judged:
@@ -802,8 +821,9 @@ class Simulation:
                             [float(self.content[d.hex()][1]) for _, d in pairs], [False] * len(vecs),
                             reputation=p.reputation.weights(), previous=p.reputation.recent)
             counted = frozenset(s.sender for s in screens if s.weight > 0)
-            self._judged[key] = (counted, p.reputation.after(screens, established=p.ledger))
-        counted, p.reputation = self._judged[key]
+            reasons = {s.sender: s.reason for s in screens if s.weight <= 0}
+            self._judged[key] = (counted, p.reputation.after(screens, established=p.ledger), reasons)
+        counted, p.reputation, p.reasons[r] = self._judged[key]
         return counted
 
     def _check(self, p: VPeer, r: int, last: bool = False, lingering: bool = False) -> None:
@@ -938,6 +958,10 @@ class Simulation:
                 # honest updates in an honest peer's applied set that its aggregate did not count
                 "honest_screened": sum(len(p.sets[r] - p.counted[r] - liars) for p in self.peers.values()
                                        if not p.lie for r in p.counted),
+                # why the screens left a liar's update out, over the honest peers' applied sets
+                "liar_screens": dict(sorted(Counter(why for p in self.peers.values() if not p.lie
+                                                    for r in p.reasons for q, why in p.reasons[r].items()
+                                                    if q in liars).items())),
                 "stalled": self.stalled, "per_round": [{"round": r, **self.per_round[r]} for r in sorted(self.per_round)],
                 "events": self.events, "virtual_s": round(self.now, 3), "wall_s": round(wall, 3),
                 "scenario": {k: v for k, v in asdict(self.sc).items() if k != "params"}}

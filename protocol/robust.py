@@ -21,6 +21,8 @@ every peer, in this order:
 
 Then ``coord_mean`` (median-norm clip over the accepted updates, per-coordinate average over senders).
 With honest updates only (none capped, none screened out) the result is bit-identical to ``coord_mean``.
+This module holds the tensor half (caps, fingerprints, the exact Gram matrix, the aggregate); steps 2 to 6
+decide from those numbers alone in protocol/screening.py (``judge``), which the virtual simulator runs too.
 
 Determinism: for sparse updates every dot product is a sum over (level, level, sign) co-occurrence
 counts (integers, exact on any device) times products of the fp32 levels, added with ``math.fsum``

@@ -37,8 +37,9 @@ Adversaries (``Scenario.liars``): a real core whose outputs a policy rewrites, n
 - ``withhold``: announces its update and never serves it (every fetch of it ends without the bytes).
 - ``signflip``, ``noise``, ``freerider``: an honest witness whose update does not help (robust learning's swarm
   attacks). Every update carries a vector (``DIM`` floats: an honest one is the round's true direction plus
-  noise, scaled by the share of its steps it ran; these send it negated, a random vector of its norm, or an
-  update of another peer that their previous round applied), and every peer applies a decided set through
+  noise, scaled by the share of its steps it ran, the direction drifting from round to round; these send it
+  negated, a random vector of its norm, or an update of another peer that their chain applied the round
+  before, from round ``Scenario.lies_from`` on), and every peer applies a decided set through
   the robust rule's screens (protocol/screening.py: the node's code, run on the vectors' exact Gram matrix)
   and the reputation table, shared state like the ledger: a screened-out sender is no contributor.
   ``Scenario.aggregation = "mean"`` counts every update in the set (the rule before the screens).
@@ -60,6 +61,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import math
+import operator
 import random
 import re
 import time
@@ -67,13 +69,13 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, NamedTuple
 
-from gradnode.protocol.witness import eligible_witnesses
 from gradnode.protocol import chain
 from gradnode.protocol import round as core
 from gradnode.protocol import sync as sync_rules
 from gradnode.protocol.records import pack, resolve
 from gradnode.protocol.reputation import Reputation
 from gradnode.protocol.screening import judge
+from gradnode.protocol.witness import eligible_witnesses
 
 TAIL = 4  # rounds of its chain a peer publishes (protocol/chain.py)
 CONTRIBUTOR_ROUNDS = 64  # the contributors ledger's memory (train/engine.py)
@@ -769,9 +771,10 @@ class Simulation:
 
     def _content(self, p: VPeer, r: int) -> tuple[tuple[float, ...], int]:
         """p's update of round r as the robust rule sees it: a vector and its tokens (the steps it ran). An honest
-        one is the round's true direction (a unit vector drawn from the round) plus noise of norm NOISE, scaled
-        by the share of the round's steps it ran; 'signflip' sends it negated, 'noise' a random vector of its
-        norm, 'freerider' an update of another peer that its previous round applied (its own in round 0)."""
+        one is the round's true direction (``_direction``) plus noise of norm NOISE, scaled by the share of the
+        round's steps it ran; from round ``lies_from`` on, 'signflip' sends it negated, 'noise' a random vector
+        of its norm, 'freerider' an update of another peer that the chain it holds applied in round r - 1 (its
+        own while there is none)."""
         steps = p.steps.get(r, self.sc.inner_steps)
         n = random.Random(f"{self.sc.seed}/noise/{p.id}/{r}")
         noise = _unit([n.gauss(0.0, 1.0) for _ in range(DIM)])
@@ -815,7 +818,10 @@ class Simulation:
         if key not in self._judged:
             pairs = sorted((q, bytes.fromhex(_digest(q, r, seed))) for q in senders)
             vecs = [self.content[d.hex()][0] for _, d in pairs]
-            gram = [[math.fsum(a * b for a, b in zip(u, w)) for w in vecs] for u in vecs]
+            gram = [[0.0] * len(vecs) for _ in vecs]
+            for i, u in enumerate(vecs):  # exact and symmetric: each pair's products summed once, correctly rounded
+                for j in range(i, len(vecs)):
+                    gram[i][j] = gram[j][i] = math.fsum(map(operator.mul, u, vecs[j]))
             screens = judge(pairs, [hashlib.sha256(repr(u).encode()).digest() for u in vecs], gram,
                             [math.sqrt(gram[i][i]) for i in range(len(vecs))],
                             [float(self.content[d.hex()][1]) for _, d in pairs], [False] * len(vecs),

@@ -72,7 +72,7 @@ from typing import Any, Callable, NamedTuple
 from gradnode.protocol import chain
 from gradnode.protocol import round as core
 from gradnode.protocol import sync as sync_rules
-from gradnode.protocol.records import pack, resolve
+from gradnode.protocol.records import FINGERPRINT_BYTES, pack, resolve
 from gradnode.protocol.reputation import Reputation
 from gradnode.protocol.screening import judge
 from gradnode.protocol.witness import eligible_witnesses
@@ -467,7 +467,7 @@ class Simulation:
             start = tail[-1][0] + 1
             # replay the missed rounds (their updates, fetched from any holder) or download the state: a peer
             # with no history of its own, or whose newest round is not on the offer's chain, downloads
-            missed = sum(len(applied.get(k, b"")) // 16 for k in range(own + 1, start)) * self.sc.update_bytes
+            missed = sum(len(applied.get(k, b"")) // FINGERPRINT_BYTES for k in range(own + 1, start)) * self.sc.update_bytes
             on_chain = own >= 0 and hashes.get(own) == p.hashes.get(own)
             how = sync_rules.replay_or_download(behind=start - (own + 1), window=self.sc.catchup_rounds,
                                                 replay_bytes=missed, state_bytes=self.sc.state_bytes) \
@@ -746,9 +746,10 @@ class Simulation:
         p.applied[r] = fps
         # the senders of the set, as the node knows them from the round's signed announcements (it fetches
         # what it applies: an update it never verified is in its ledger all the same)
-        p.sets[r] = frozenset(s for s, _ in resolve(fps, ((q, _digest(q, r, c.seed)) for q in self.peers))[0])
+        pairs, _ = resolve(fps, ((q, _digest(q, r, c.seed)) for q in self.peers))
+        p.sets[r] = frozenset(s for s, _ in pairs)
         p.senders = p.sets[r]
-        p.counted[r] = self._aggregate(p, r, c.seed, fps)
+        p.counted[r] = self._aggregate(p, r, c.seed, fps, pairs)
         # contributors: the senders whose updates counted (the robust rule gives a screened-out one weight 0)
         p.ledger = {q: k for q, k in {**p.ledger, **dict.fromkeys(p.counted[r], r)}.items() if k > r - CONTRIBUTOR_ROUNDS}
         p.hashes[r] = hashlib.sha256(p.hashes[r - 1].encode() + fps).hexdigest()[:16]
@@ -806,25 +807,26 @@ class Simulation:
             self._truth.append(_unit([DRIFT * a + math.sqrt(1 - DRIFT * DRIFT) * b for a, b in zip(last, fresh)]))
         return self._truth[r]
 
-    def _aggregate(self, p: VPeer, r: int, seed: str, fps: bytes) -> frozenset[str]:
-        """The senders whose updates the aggregate of p's set for round r counts: every one under 'mean'; under
-        'robust', those protocol/screening.py's screens give a weight (the reputation table, shared state, moves
-        with the set). Judged once per chain and set: every peer on the chain holds the same table."""
+    def _aggregate(self, p: VPeer, r: int, seed: str, fps: bytes, pairs: list[tuple[str, str]]) -> frozenset[str]:
+        """The senders whose updates the aggregate of p's set for round r (``pairs``: its (sender, digest)s, as
+        resolved) counts: every one under 'mean'; under 'robust', those protocol/screening.py's screens give a
+        weight (the reputation table, shared state, moves with the set). Judged once per chain and set: every
+        peer on the chain holds the same table."""
         senders = p.sets[r]
         if self.sc.aggregation == "mean" or not senders:  # an empty set moves nothing, the table included
             p.reasons[r] = {}
             return senders
         key = (seed, fps)
         if key not in self._judged:
-            pairs = sorted((q, bytes.fromhex(_digest(q, r, seed))) for q in senders)
-            vecs = [self.content[d.hex()][0] for _, d in pairs]
+            ordered = sorted((q, bytes.fromhex(d)) for q, d in pairs)
+            vecs, tokens = zip(*(self.content[d.hex()] for _, d in ordered))
             gram = [[0.0] * len(vecs) for _ in vecs]
             for i, u in enumerate(vecs):  # exact and symmetric: each pair's products summed once, correctly rounded
                 for j in range(i, len(vecs)):
                     gram[i][j] = gram[j][i] = math.fsum(map(operator.mul, u, vecs[j]))
-            screens = judge(pairs, [hashlib.sha256(repr(u).encode()).digest() for u in vecs], gram,
-                            [math.sqrt(gram[i][i]) for i in range(len(vecs))],
-                            [float(self.content[d.hex()][1]) for _, d in pairs], [False] * len(vecs),
+            screens = judge(ordered, [hashlib.sha256(repr(u).encode()).digest() for u in vecs], gram,
+                            [math.sqrt(gram[i][i]) for i in range(len(vecs))], [float(t) for t in tokens],
+                            [False] * len(vecs),
                             reputation=p.reputation.weights(), previous=p.reputation.recent)
             counted = frozenset(s.sender for s in screens if s.weight > 0)
             reasons = {s.sender: s.reason for s in screens if s.weight <= 0}

@@ -202,7 +202,7 @@ class Links:
         self.host_ip = str(net[1])
         if shutil.which("iptables"):
             rule = ["FORWARD", "-i", self.bridge, "-o", self.bridge, "-j", "ACCEPT"]
-            _run(["iptables", "-I", *rule])
+            _run(["iptables", "-w", "-I", *rule])
             self._rule = rule
         for i in range(self.n_peers):
             ip = str(net[10 + i])
@@ -264,7 +264,7 @@ class Links:
             _try(["ip", "link", "del", self.bridge])
             self._bridge_made = False
         if self._rule is not None:
-            _try(["iptables", "-D", *self._rule])
+            _try(["iptables", "-w", "-D", *self._rule])
             self._rule = None
 
     def _wait_empty(self, timeout: float = 3.0) -> None:

@@ -20,18 +20,26 @@ SESSION_TMP = tempfile.mkdtemp(prefix="gn-tests-", dir=PARENT_TMP)  # short: uni
 os.environ["TMPDIR"] = SESSION_TMP
 tempfile.tempdir = None  # re-read TMPDIR
 
-# The suite runs on two xdist workers, a file at a time each (pyproject: -n 2 --dist loadfile): the slowest
-# files go first, so that the two workers finish together instead of one running a long file alone at the end.
-# In the order of their times on a clean clone (--durations=0, stop 30: 146, 144, 135, 108, 75, 53, 41, 30,
-# 30, 27 and 24 s); every other file takes under 20 s and keeps its place.
-SLOWEST_FIRST = ("test_adversaries.py", "test_virtual.py", "test_partition.py", "test_elastic.py", "test_swarm.py",
-                 "test_swarm_faults.py", "test_transport.py", "test_observe.py", "test_agreement.py", "test_cli.py",
-                 "test_admission.py")
+# The suite runs on two xdist workers (pyproject: -n 2 --dist loadgroup). A test file runs whole on one worker
+# (its module fixtures start once, its swarms one after another), the files that start processes first, the
+# slowest first (--durations=0 on a clean clone, stop 30: 146, 135, 108, 75, 53, 41, 30, 30, 27 and 24 s), so
+# that each runs beside other work instead of alone at the end. The simulator's seeded sweeps come last, test
+# by test, as they are independent, so the two workers end together.
+PROCESS_FIRST = ("test_adversaries.py", "test_partition.py", "test_elastic.py", "test_swarm.py", "test_swarm_faults.py",
+                 "test_transport.py", "test_observe.py", "test_agreement.py", "test_cli.py", "test_admission.py")
+SPREAD_LAST = ("test_virtual.py",)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return PROCESS_FIRST.index(name) if name in PROCESS_FIRST else len(PROCESS_FIRST) + (name in SPREAD_LAST)
+
+    items.sort(key=rank)  # stable: a file's tests keep their order
+    for item in items:
+        if item.path.name not in SPREAD_LAST:
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -20,33 +20,43 @@ SESSION_TMP = tempfile.mkdtemp(prefix="gn-tests-", dir=PARENT_TMP)  # short: uni
 os.environ["TMPDIR"] = SESSION_TMP
 tempfile.tempdir = None  # re-read TMPDIR
 
-# The suite runs on two xdist workers (pyproject: -n 2 --dist loadgroup). Every test file that starts processes
-# runs on one worker, one test after another, in the order below (the slowest first), as in the flake hunts
-# beside one busy core; the other worker runs everything else meanwhile: a file at a time (its module fixtures
-# start once), the simulator's seeded sweeps test by test. Two swarms at once are not run: beside the mix of
-# adversaries, the paced peers of the partition test fell far enough behind for the others to finish the run
-# without them (seen once, the first time the swarm tests were spread over both workers).
-PROCESS_FIRST = ("test_adversaries.py", "test_partition.py", "test_elastic.py", "test_swarm.py", "test_swarm_faults.py",
-                 "test_transport.py", "test_observe.py", "test_agreement.py", "test_cli.py", "test_admission.py")
+# The suite runs on two xdist workers (pyproject: -n 2). The test files that start processes (a test marked swarm
+# or process) run on one worker, one test after another, in the order below (the slowest files first), as in the
+# flake hunts beside one busy core; the other worker runs everything else meanwhile: a file at a time (its module
+# fixtures start once), the simulator's seeded sweeps test by test. Two swarms at once are not run: beside the
+# mix of adversaries, the paced peers of the partition test fell far enough behind for the others to finish the
+# run without them (seen once, in a trial that spread the swarm tests over both workers).
+PROCESS_FILES = ("test_adversaries.py", "test_partition.py", "test_elastic.py", "test_swarm.py", "test_swarm_faults.py",
+                 "test_transport.py", "test_observe.py", "test_agreement.py", "test_cli.py", "test_admission.py",
+                 "test_netns.py", "test_genesis.py", "test_eval.py")
 SPREAD = ("test_virtual.py",)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    starts = {item.path.name for item in items if item.get_closest_marker("swarm") or item.get_closest_marker("process")}
-    order = [*PROCESS_FIRST, *sorted(starts - set(PROCESS_FIRST))]
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's scheduler by scope, with our scopes: the process files one scope, a spread file's tests one each,
+    any other file one (xdist's own `xdist_group` marks are not read under pytest 9: tested, 3.8.0)."""
+    from xdist.scheduler import LoadScopeScheduling
 
-    def rank(item: pytest.Item) -> int:
+    class ByTier(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            name = path.rsplit("/", 1)[-1]
+            return "processes" if name in PROCESS_FILES else nodeid if name in SPREAD else path
+
+    return ByTier(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if (item.get_closest_marker("swarm") or item.get_closest_marker("process")) and \
+                item.path.name not in PROCESS_FILES:
+            raise pytest.UsageError(f"{item.path.name} starts processes: add it to PROCESS_FILES in tests/conftest.py")
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
         name = item.path.name
-        return order.index(name) if name in starts else len(order) + (name in SPREAD)
+        return (0, PROCESS_FILES.index(name)) if name in PROCESS_FILES else (1, int(name in SPREAD))
 
     items.sort(key=rank)  # stable: a file's tests keep their order
-    for item in items:
-        name = item.path.name
-        if name in starts:
-            item.add_marker(pytest.mark.xdist_group("processes"))
-        elif name not in SPREAD:
-            item.add_marker(pytest.mark.xdist_group(name))
 
 
 def pytest_report_header(config: pytest.Config) -> str:

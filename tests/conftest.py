@@ -21,14 +21,16 @@ os.environ["TMPDIR"] = SESSION_TMP
 tempfile.tempdir = None  # re-read TMPDIR
 
 # The suite runs on two xdist workers (pyproject: -n 2). The test files that start processes (a test marked swarm
-# or process) run on one worker, one test after another, in the order below (the slowest files first), as in the
-# flake hunts beside one busy core; the other worker runs everything else meanwhile: a file at a time (its module
-# fixtures start once), the simulator's seeded sweeps test by test. Two swarms at once are not run: beside the
-# mix of adversaries, the paced peers of the partition test fell far enough behind for the others to finish the
-# run without them (seen once, in a trial that spread the swarm tests over both workers).
-PROCESS_FILES = ("test_adversaries.py", "test_partition.py", "test_elastic.py", "test_swarm.py", "test_swarm_faults.py",
-                 "test_transport.py", "test_observe.py", "test_agreement.py", "test_cli.py", "test_admission.py",
-                 "test_netns.py", "test_genesis.py", "test_eval.py")
+# or process) run on one worker, one test after another, in the order below, as in the flake hunts beside one
+# busy core; the other worker runs everything else meanwhile: a file at a time (its module fixtures start once),
+# the simulator's seeded sweeps test by test. Two swarms at once are not run: beside the mix of adversaries, the
+# paced peers of the partition test fell far enough behind for the others to finish the run without them (seen
+# once, in a trial that spread the swarm tests over both workers). The order: the process tests that leave a
+# core idle first, beside the other worker's work (one core, pure Python and torch), the swarms that need both
+# cores last (the mix of adversaries alone takes 290 CPU-seconds: 152 s alone, 279 s beside the other worker).
+PROCESS_FILES = ("test_partition.py", "test_swarm_faults.py", "test_transport.py", "test_agreement.py",
+                 "test_admission.py", "test_cli.py", "test_netns.py", "test_genesis.py", "test_eval.py", "test_observe.py",
+                 "test_swarm.py", "test_elastic.py", "test_adversaries.py")
 SPREAD = ("test_virtual.py",)
 
 

@@ -13,10 +13,13 @@ import pytest
 
 # Everything the tests and the processes they start write to the temp folder (pytest's tmp_path, the
 # libp2p daemons' sockets, multiprocessing and torch helper folders) goes to one folder per session.
-# Each xdist worker makes its own, beside the controller's rather than inside it (the worker inherits the
-# controller's TMPDIR): GRADNODE_TESTS_TMPDIR keeps the temp folder the run started with.
+# Each xdist worker makes its own beside the controller's, named after it (a worker inherits the controller's
+# environment: GRADNODE_TESTS_TMPDIR, the temp folder the run started with, and GRADNODE_TESTS_SESSION, its folder).
 PARENT_TMP = os.environ.setdefault("GRADNODE_TESTS_TMPDIR", tempfile.gettempdir())
-SESSION_TMP = tempfile.mkdtemp(prefix="gn-tests-", dir=PARENT_TMP)  # short: unix socket paths are capped at 107 bytes
+_FIRST = os.environ.get("GRADNODE_TESTS_SESSION")
+SESSION_TMP = tempfile.mkdtemp(prefix=f"{os.path.basename(_FIRST)}-" if _FIRST else "gn-tests-",
+                               dir=PARENT_TMP)  # short: unix socket paths are capped at 107 bytes
+os.environ.setdefault("GRADNODE_TESTS_SESSION", SESSION_TMP)
 os.environ["TMPDIR"] = SESSION_TMP
 tempfile.tempdir = None  # re-read TMPDIR
 
@@ -62,7 +65,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    return f"temp folder of this session: {SESSION_TMP} (removed when every test passes)"
+    return (f"temp folder of this session: {SESSION_TMP}, and one per worker, {SESSION_TMP}-* (each removed when "
+            f"its tests pass)")
 
 
 # A model small enough for several peers per core; 4 inner steps per round.

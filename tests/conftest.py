@@ -32,9 +32,14 @@ tempfile.tempdir = None  # re-read TMPDIR
 # core idle first, beside the other worker's work (one core, pure Python and torch), the swarms that need both
 # cores last (the mix of adversaries alone takes 290 CPU-seconds: 152 s alone, 279 s beside the other worker).
 PROCESS_FILES = ("test_partition.py", "test_swarm_faults.py", "test_transport.py", "test_agreement.py",
-                 "test_admission.py", "test_cli.py", "test_netns.py", "test_genesis.py", "test_eval.py", "test_observe.py",
-                 "test_swarm.py", "test_elastic.py", "test_adversaries.py")
+                 "test_admission.py", "test_cli.py", "test_netns.py", "test_genesis.py", "test_eval.py",
+                 "test_observe.py", "test_swarm.py", "test_elastic.py", "test_adversaries.py")
 SPREAD = ("test_virtual.py",)
+
+
+def _tier(name: str) -> int:
+    """0: a file that starts processes, 1: any other, 2: one spread test by test (the order they start in)."""
+    return 0 if name in PROCESS_FILES else 2 if name in SPREAD else 1
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -45,8 +50,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     class ByTier(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            name = path.rsplit("/", 1)[-1]
-            return "processes" if name in PROCESS_FILES else nodeid if name in SPREAD else path
+            return ("processes", path, nodeid)[_tier(path.rsplit("/", 1)[-1])]
 
     return ByTier(config, log)
 
@@ -59,7 +63,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     def rank(item: pytest.Item) -> tuple[int, int]:
         name = item.path.name
-        return (0, PROCESS_FILES.index(name)) if name in PROCESS_FILES else (1, int(name in SPREAD))
+        return _tier(name), PROCESS_FILES.index(name) if name in PROCESS_FILES else 0
 
     items.sort(key=rank)  # stable: a file's tests keep their order
 

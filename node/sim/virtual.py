@@ -467,7 +467,8 @@ class Simulation:
             start = tail[-1][0] + 1
             # replay the missed rounds (their updates, fetched from any holder) or download the state: a peer
             # with no history of its own, or whose newest round is not on the offer's chain, downloads
-            missed = sum(len(applied.get(k, b"")) // FINGERPRINT_BYTES for k in range(own + 1, start)) * self.sc.update_bytes
+            missed = sum(len(applied.get(k, b"")) // FINGERPRINT_BYTES
+                         for k in range(own + 1, start)) * self.sc.update_bytes
             on_chain = own >= 0 and hashes.get(own) == p.hashes.get(own)
             how = sync_rules.replay_or_download(behind=start - (own + 1), window=self.sc.catchup_rounds,
                                                 replay_bytes=missed, state_bytes=self.sc.state_bytes) \

@@ -10,7 +10,7 @@ same functions on what its peers see.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable, Collection, Mapping, Protocol, Sequence, TypeVar
+from typing import Callable, Collection, Iterable, Mapping, Protocol, Sequence, TypeVar
 
 from gradnode.protocol import chain
 
@@ -82,6 +82,14 @@ def replay_or_download(*, behind: int, window: int, replay_bytes: int, state_byt
     if behind <= 0 or behind > window or replay_bytes >= state_bytes:
         return "download"
     return "replay"
+
+
+def newer_in_sight(own_round: int, record_rounds: Iterable[int]) -> bool:
+    """Whether a peer starting or resuming at ``own_round`` may find a newer state to adopt: a member record in
+    sight (``record_rounds``: the other training peers') names a later round. When none does, the shell reads
+    the offers once (a record lags its peer) instead of looking for seconds: a fresh run's peers all start at
+    round 0, and each paid the whole look at every start."""
+    return any(r > own_round for r in record_rounds)
 
 
 def mismatch_counts(mismatch: int | None, trusted_from: int) -> bool:

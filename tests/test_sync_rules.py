@@ -68,6 +68,14 @@ def test_a_peer_replays_only_missed_rounds_it_can_replay_more_cheaply(behind: in
     assert (choice == "replay") == (0 < behind <= window and replay < state)
 
 
+@given(st.integers(0, 50), st.lists(st.integers(0, 60), max_size=8))
+def test_a_starting_peer_looks_for_a_newer_state_only_when_a_record_names_a_later_round(own: int,
+                                                                                        others: list[int]) -> None:
+    assert sync.newer_in_sight(own, others) == (max(others, default=-1) > own)
+    assert not sync.newer_in_sight(0, [0, 0, 0])  # a fresh run: nothing to look for
+    assert sync.newer_in_sight(own, [*others, own + 1])  # one record past ours is enough (a record lags its peer)
+
+
 def test_a_hash_off_the_majority_resyncs_unless_our_chain_wins() -> None:
     """Off the reports' majority on a round since the last re-sync: without a look at the chains it re-syncs;
     with one, the chain rule decides (a peer whose chain wins stays). A mismatch on a round before the last

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+JOIN_LOOK_S = 3.0  # how long a starting peer looks for a newer state when a record in sight is past its round
 FORK_SYNC_S = 10.0  # how long a peer off the winning chain looks for that chain's state before looking again
 
 
@@ -61,10 +62,16 @@ class Sync:
             return ok
 
         min_round = 0 if links is not None else eng.round if force else eng.round + 1
-        # a fork's winner offers its state every round; when none is found soon the view was stale (the
-        # winner merged elsewhere meanwhile) and waiting out max_wait_s only left this peer behind
-        deadline_s = (min(self.cfg.max_wait_s, FORK_SYNC_S) if links is not None else self.cfg.max_wait_s) if force \
-            else 3.0
+        if force:  # a fork's winner offers its state every round; when none is found soon the view was stale
+            # (the winner merged elsewhere meanwhile) and waiting out max_wait_s only left this peer behind
+            deadline_s = min(self.cfg.max_wait_s, FORK_SYNC_S) if links is not None else self.cfg.max_wait_s
+        else:  # a start or resume: a short look, skipped in a fresh run (every start paid it, for nothing)
+            me = self.transport.peer_id
+            others = (m.round for p, m in self.members.members().items() if m.training and p != me)
+            if not sync_rules.newer_in_sight(eng.round, others) and \
+                    not statesync.newest_offers(self.members, self.cfg, me, min_round):
+                return False
+            deadline_s = JOIN_LOOK_S
         got = statesync.fetch(transport=self.transport, membership=self.members, cfg=self.cfg, run_id=self.run_id,
                               min_round=min_round, deadline_s=deadline_s,
                               accept=accept, stats=self.tally.sync, links=links)

@@ -116,3 +116,14 @@ def test_over_200_rounds_a_ground_key_weighs_what_any_key_weighs() -> None:
     sybils = sorted(_ids(10_000, "sybil"))[:5]  # 5 ground keys among 15 honest: a quarter of the witnesses
     lost, kept = rounds(sybils, honest[:15])
     assert lost == 0 and kept >= 0.9 * 200 * 15, (lost, kept)
+
+
+@given(st.lists(st.sets(st.integers(0, 11)), max_size=12), st.integers(0, 3))
+def test_identical_reports_count_as_often_as_they_were_made(sets: list[set[int]], copies: int) -> None:
+    """The rule counted report by report, as written: the same set whichever order and however many copies
+    of a report there are (the rule counts identical reports together)."""
+    reports = [_report(s) for s in sets] + [_report(sets[0])] * copies if sets else []
+    need = len(reports) // 2 + 1
+    expected = {i for i in range(12) if sum(1 for r in reports if i in _set(r)) >= need}
+    assert _set(witnessed(reports)) == expected
+    assert witnessed(list(reversed(reports))) == witnessed(reports)

@@ -30,8 +30,8 @@ def witnessed(reports: Iterable[bytes]) -> bytes:
     packed fingerprints; a report listing one twice counts once)."""
     reports = list(reports)
     counts: Counter[bytes] = Counter()
-    # identical reports counted once each, times their copies (honest witnesses mostly saw the same updates:
-    # the simulator counts a round's reports per peer and poll, this was a fifth of its time at 48 peers)
+    # identical reports counted together, times their copies (honest witnesses mostly saw the same updates,
+    # and the simulator counts a round's reports for every peer at every poll)
     for fps, copies in Counter(reports).items():
         for fp in set(unpack(fps)):
             counts[fp] += copies

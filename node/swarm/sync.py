@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-JOIN_LOOK_S = 3.0  # how long a starting peer looks for a newer state when a record in sight is past its round
+JOIN_LOOK_S = 3.0  # how long a starting peer looks for a newer state (a record in sight past its round, or an offer)
 FORK_SYNC_S = 10.0  # how long a peer off the winning chain looks for that chain's state before looking again
 
 

@@ -23,34 +23,52 @@ os.environ.setdefault("GRADNODE_TESTS_SESSION", SESSION_TMP)
 os.environ["TMPDIR"] = SESSION_TMP
 tempfile.tempdir = None  # re-read TMPDIR
 
-# The suite runs on two xdist workers (pyproject: -n 2). The test files that start processes (a test marked swarm
-# or process) run on one worker, one test after another, in the order below, as in the flake hunts beside one
-# busy core; the other worker runs everything else meanwhile: a file at a time (its module fixtures start once),
-# the simulator's seeded sweeps test by test. Two swarms at once are not run: beside the mix of adversaries, the
-# paced peers of the partition test fell far enough behind for the others to finish the run without them (seen
-# once, in a trial that spread the swarm tests over both workers). The order: the process tests that leave a
-# core idle first, beside the other worker's work (one core, pure Python and torch), the swarms that need both
-# cores last (the mix of adversaries uses 250-290 CPU-seconds in 120-150 s alone: node/SWARM.md).
+# The suite runs on two xdist workers (pyproject: -n 2). The process tests (a test marked swarm or process: the
+# files of PROCESS_FILES) run on one worker, one test after another, in the order below. The other worker runs
+# the process tests of BESIDE first, a file at a time, then the pure tests a file at a time (its module fixtures
+# start once), and the simulator's seeded sweeps test by test. Swarms that need the CPU never run at once (two
+# paced by sleeping do: see BESIDE): beside the mix of adversaries, the paced peers of the partition test fell
+# far enough behind for the others to finish the run without them (seen once, in a trial that spread the swarm
+# tests over both workers). The order:
+# the process tests that leave a core idle first, the swarms that need both cores last (the mix of adversaries
+# uses 250-290 CPU-seconds in 120-150 s alone: node/SWARM.md).
 PROCESS_FILES = ("test_partition.py", "test_swarm_faults.py", "test_transport.py", "test_agreement.py",
                  "test_admission.py", "test_cli.py", "test_netns.py", "test_genesis.py", "test_eval.py",
                  "test_observe.py", "test_swarm.py", "test_elastic.py", "test_adversaries.py")
+# Process tests that use little CPU for their time (CPU-seconds of all their processes over wall seconds, measured
+# test by test at stop 33): they run on the other worker while the first of the serial ones run (the partition's
+# peers, paced by sleeping: 118 CPU-s in 144 s). The straggler's swarm first (paced too: 33 CPU-s in 57 s alone,
+# 39 in 96 beside the partition), then transports and single processes (the trickling holder: 2.5 CPU-s in 25 s).
+# Measured on the whole suite: each worker busy for 638 and 653 s, the suite 659 s; before, 720 s (all process
+# tests on one worker) and 256 s, the suite 755 s.
+BESIDE = ("test_swarm_faults.py", "test_transport.py", "test_agreement.py", "test_cli.py", "test_eval.py",
+          "test_partition.py::test_a_peer_alone_waits_for_its_run_and_says_so")
 SPREAD = ("test_virtual.py",)
 
 
-def _tier(name: str) -> int:
-    """0: a file that starts processes, 1: any other, 2: one spread test by test (the order they start in)."""
-    return 0 if name in PROCESS_FILES else 2 if name in SPREAD else 1
+def _beside(nodeid: str) -> bool:
+    name = nodeid.rsplit("/", 1)[-1]
+    return any(name == b or name.startswith(b + "::") or name.startswith(b + "[") for b in BESIDE)
+
+
+def _tier(nodeid: str) -> int:
+    """The order scopes are handed out in: 0, the process tests run one after another (one scope, to the first
+    worker); 1, those run beside them (see BESIDE); 2, any other file; 3, a spread file's tests, one each."""
+    name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    if name in PROCESS_FILES:
+        return 1 if _beside(nodeid) else 0
+    return 3 if name in SPREAD else 2
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """xdist's scheduler by scope, with our scopes: the process files one scope, a spread file's tests one each,
-    any other file one (xdist's own `xdist_group` marks are not read under pytest 9: tested, 3.8.0)."""
+    """xdist's scheduler by scope, with our scopes: the serial process tests one scope, a spread file's tests one
+    each, any other file one (xdist's own `xdist_group` marks are not read under pytest 9: tested, 3.8.0)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByTier(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            return ("processes", path, nodeid)[_tier(path.rsplit("/", 1)[-1])]
+            return ("processes", path, path, nodeid)[_tier(nodeid)]
 
     return ByTier(config, log)
 
@@ -62,8 +80,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             raise pytest.UsageError(f"{item.path.name} starts processes: add it to PROCESS_FILES in tests/conftest.py")
 
     def rank(item: pytest.Item) -> tuple[int, int]:
-        name = item.path.name
-        return _tier(name), PROCESS_FILES.index(name) if name in PROCESS_FILES else 0
+        name, tier = item.path.name, _tier(item.nodeid)
+        order = PROCESS_FILES if tier == 0 else tuple(b.split("::")[0] for b in BESIDE) if tier == 1 else ()
+        return tier, order.index(name) if name in order else 0
 
     items.sort(key=rank)  # stable: a file's tests keep their order
 

@@ -283,6 +283,9 @@ class RoundCore:
     live_fallback: bool = False
     decided: Decided | None = None
     witness: bool | None = None
+    # what _live() and deadline() last gave, with what they were computed from (every event changes one of
+    # these counts or the view; many rules ask again before the next event does)
+    _memo: dict[str, tuple] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.witness is None:
@@ -382,21 +385,33 @@ class RoundCore:
     def _abstaining(self) -> set[str]:
         return {w for w, r in self.reports.items() if r.abstain}
 
-    def _live(self) -> tuple[set[str], set[str]]:
+    def _state(self) -> tuple:
+        """What the live trainers and the deadline are computed from: the view (the same object until a Members
+        event replaces it) and the sizes of what only grows, or shrinks with a ban."""
+        return self.view, len(self.first_seen), len(self.verified), len(self.reports), len(self.banned)
+
+    def _live(self) -> tuple[frozenset[str], frozenset[str]]:
         """The trainers the round waits for, and those of them that anchor the deadline: not those two or more
         rounds past it (they applied it, or adopted a newer state, and will never announce in it: a peer left
         behind after a healed split waited out max_wait_s on every round for their announcements)."""
+        state = self._state()
+        got = self._memo.get("live")
+        if got is None or got[0] != state:
+            got = self._memo["live"] = (state, self._live_now())
+        return got[1]
+
+    def _live_now(self) -> tuple[frozenset[str], frozenset[str]]:
         # a key that announced in this round is in it, whatever its record claims (else a far claim plus an
         # announcement would anchor the deadline without being waited for)
         gone_past = set(self.view.ahead) - set(self.first_seen)
         trainers = set(self.view.trainers) - gone_past
         live = (set(self.view.counted) - gone_past) | ({self.me} if self.sender else set())
-        if not live <= set(self.verified):
+        if not live <= self.verified.keys():
             sitting_out = self._abstaining()
             trainers, live = trainers - sitting_out, live - sitting_out
-        return trainers, live
+        return frozenset(trainers), frozenset(live)
 
-    def majority_reported(self, live: set[str]) -> bool:
+    def majority_reported(self, live: Collection[str]) -> bool:
         others = (self.eligible or live) - {self.me}
         if not others:
             return False
@@ -404,12 +419,16 @@ class RoundCore:
         return 2 * done > len(others)
 
     def deadline(self) -> float | None:
-        return deadline_from(self.first_seen, len(self._live()[1]), self.window)
+        state = self._state()
+        got = self._memo.get("deadline")
+        if got is None or got[0] != state:
+            got = self._memo["deadline"] = (state, deadline_from(self.first_seen, len(self._live()[1]), self.window))
+        return got[1]
 
     def _collect(self, now: float) -> list[Action]:
         trainers, live = self._live()
-        deadline = deadline_from(self.first_seen, len(live), self.window)
-        everyone = live <= set(self.verified) and trainers <= live
+        deadline = self.deadline()
+        everyone = live <= self.verified.keys() and trainers <= live
         moved_on = not self.fetching and self.majority_reported(live)
         if self.awaited is None and deadline is not None and now >= deadline:
             self.awaited = frozenset(s for s in self.first_seen if not self.eligible or s in self.eligible)

@@ -15,7 +15,8 @@ What is modelled, and how:
   ``latency + jitter`` later, and with probability ``late_p`` much later (``late_s``: the DHT hid a stored
   record from one reader for a while, as the real one does); an update is verified once it arrived
   (``update_bytes / bandwidth`` more). A reader keeps what reached it (a round re-opened after a re-sync
-  reads the same records again).
+  reads the same records again). A peer's round core takes what reached it at the peer's polls (every
+  ``round.POLL_S``, at a phase of its own), one poll's events at a time, as the node's agreement feeds it.
 - Member records: every peer publishes the tail of its chain after each round and every heartbeat
   (``min(10 s, record_ttl_s / 3)``); a peer's view of the swarm (``core.View``: who is live, present, two
   rounds ahead) is the records it saw within ``record_ttl_s``, re-read at least every heartbeat while a
@@ -270,6 +271,9 @@ class Simulation:
         self.repairs: list[int] = []  # per re-sync: the round adopted minus the round found off the majority
         self.adopted: list[int] = []  # per re-sync: the round of the state adopted
         self._wakes: dict[tuple[str, int, int], float] = {}
+        self._batches: dict[tuple[str, int, int], list[Any]] = {}  # (peer, round, its core) -> events for its next poll
+        polls = random.Random(f"{sc.seed}/polls")  # each peer's polls fall at its own phase (a stream of their own)
+        self._phase = {q: polls.random() * core.POLL_S for q in self.peers}
         self.stalled = False
         self.per_round: dict[int, dict[str, int]] = defaultdict(lambda: {"applied": 0, "violations": 0, "resyncs": 0})
         self.group: dict[str, int] | None = None  # peer -> its side while the network is split
@@ -681,13 +685,30 @@ class Simulation:
         return core.view_of(records, p.id, r, announced=self._announced(p, r), workers=p.senders, voters=voters)
 
     def _deliver(self, q: VPeer, r: int, ev: Any) -> None:
+        """An event of round r reaches q: its core takes it at q's next poll, with whatever else reached q by
+        then (the node's agreement reads the DHT every round.POLL_S and feeds its core one poll at a time)."""
         if not q.alive:
             return
         if r >= max(q.cores, default=-1) - 2:
             q.records_of[r].append(ev)
         c = q.cores.get(r)
-        if c is not None:
-            self._act(q, c, c.step(ev))
+        if c is None:
+            return
+        key = (q.id, r, id(c))
+        batch = self._batches.get(key)
+        if batch is not None:
+            batch.append(ev)
+            return
+        self._batches[key] = [ev]
+        phase = self._phase[q.id]
+        self.at(phase + math.ceil((self.now - phase) / core.POLL_S - 1e-9) * core.POLL_S,
+                lambda: self._poll_events(q, c, key))
+
+    def _poll_events(self, q: VPeer, c: core.RoundCore, key: tuple[str, int, int]) -> None:
+        """q's poll: the events that reached it since the last one, decided on at once, at the poll's time."""
+        batch = self._batches.pop(key)
+        if q.alive and q.cores.get(c.round_) is c:
+            self._act(q, c, c.steps([*batch, core.Tick(self.now)]))
 
     def _act(self, p: VPeer, c: core.RoundCore, actions: list[Any]) -> None:
         for a in actions:

@@ -14,7 +14,6 @@ everything, any majority of the reports gives the same set.
 
 from __future__ import annotations
 
-import functools
 from collections import Counter
 from collections.abc import Iterable
 
@@ -29,18 +28,14 @@ def quorum(reports: int) -> int:
 def witnessed(reports: Iterable[bytes]) -> bytes:
     """The fingerprints (sorted, concatenated) listed by a strict majority of ``reports`` (each one report's
     packed fingerprints; a report listing one twice counts once)."""
-    # identical reports counted together, times their copies (honest witnesses mostly saw the same updates);
-    # the same reports counted again (every peer of a round counts them, at every poll) are counted once
-    return _count(frozenset(Counter(reports).items()))
-
-
-@functools.lru_cache(maxsize=256)
-def _count(copies: frozenset[tuple[bytes, int]]) -> bytes:
+    reports = list(reports)
     counts: Counter[bytes] = Counter()
-    for fps, n in copies:
+    # identical reports counted together, times their copies (honest witnesses mostly saw the same updates,
+    # and the simulator counts a round's reports for every peer at every poll)
+    for fps, copies in Counter(reports).items():
         for fp in set(unpack(fps)):
-            counts[fp] += n
-    need = quorum(sum(n for _, n in copies))
+            counts[fp] += copies
+    need = quorum(len(reports))
     return b"".join(sorted(fp for fp, n in counts.items() if n >= need))
 
 

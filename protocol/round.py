@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Collection, Iterable, Mapping, Union
+from typing import Callable, Collection, Iterable, Mapping, Union
 
 from gradnode.protocol import witness as witness_rule
 from gradnode.protocol.records import pack
@@ -283,6 +283,9 @@ class RoundCore:
     live_fallback: bool = False
     decided: Decided | None = None
     witness: bool | None = None
+    # the witness rule (protocol/witness.py); the simulator passes one that remembers its counts, as every peer of
+    # a round counts the same reports
+    witnessed: Callable[[Iterable[bytes]], bytes] = field(default=witness_rule.witnessed, repr=False, compare=False)
     # what _live() and deadline() last gave, with what they were computed from (every event changes one of
     # these counts or the view; many rules ask again before the next event does)
     _memo: dict[str, tuple] = field(default_factory=dict, repr=False, compare=False)
@@ -467,7 +470,7 @@ class RoundCore:
         counted = self._counted()
         if not counted:
             return None
-        return witness_rule.witnessed(r.fps for r in counted), len(counted)
+        return self.witnessed(r.fps for r in counted), len(counted)
 
     def _end(self, how: str) -> list[Action]:
         found = self.count()

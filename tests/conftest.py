@@ -29,9 +29,8 @@ tempfile.tempdir = None  # re-read TMPDIR
 # start once), and the simulator's seeded sweeps test by test. Swarms that need the CPU never run at once (two
 # paced by sleeping do: see BESIDE): beside the mix of adversaries, the paced peers of the partition test fell
 # far enough behind for the others to finish the run without them (seen once, in a trial that spread the swarm
-# tests over both workers). The order:
-# the process tests that leave a core idle first, the swarms that need both cores last (the mix of adversaries
-# uses 250-290 CPU-seconds in 120-150 s alone: node/SWARM.md).
+# tests over both workers). The order: the process tests that leave a core idle first, the swarms that need both
+# cores last (the mix of adversaries uses 250-290 CPU-seconds in 120-150 s alone: node/SWARM.md).
 PROCESS_FILES = ("test_partition.py", "test_swarm_faults.py", "test_transport.py", "test_agreement.py",
                  "test_admission.py", "test_cli.py", "test_netns.py", "test_genesis.py", "test_eval.py",
                  "test_observe.py", "test_swarm.py", "test_elastic.py", "test_adversaries.py")

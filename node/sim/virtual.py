@@ -59,6 +59,7 @@ takes after a violation until every honest peer holds one hash, or with a partit
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import heapq
 import math
@@ -76,7 +77,7 @@ from gradnode.protocol import sync as sync_rules
 from gradnode.protocol.records import FINGERPRINT_BYTES, pack, resolve
 from gradnode.protocol.reputation import Reputation
 from gradnode.protocol.screening import judge
-from gradnode.protocol.witness import eligible_witnesses
+from gradnode.protocol.witness import eligible_witnesses, witnessed
 
 TAIL = 4  # rounds of its chain a peer publishes (protocol/chain.py)
 CONTRIBUTOR_ROUNDS = 64  # the contributors ledger's memory (train/engine.py)
@@ -271,6 +272,10 @@ class Simulation:
         self.repairs: list[int] = []  # per re-sync: the round adopted minus the round found off the majority
         self.adopted: list[int] = []  # per re-sync: the round of the state adopted
         self._wakes: dict[tuple[str, int, int], float] = {}
+        # the witness rule, remembering its last counts: every peer of a round counts the same reports (a
+        # multiset of them is counted once; the run's own, gone with it)
+        counted = functools.lru_cache(maxsize=256)(lambda copies: witnessed(f for f, n in copies for _ in range(n)))
+        self._witnessed = lambda reports: counted(frozenset(Counter(reports).items()))
         self._batches: dict[tuple[str, int, int], list[Any]] = {}  # (peer, round, its core) -> events for its next poll
         polls = random.Random(f"{sc.seed}/polls")  # each peer's polls fall at its own phase (a stream of their own)
         self._phase = {q: polls.random() * core.POLL_S for q in self.peers}
@@ -654,7 +659,8 @@ class Simulation:
         # the node's rule ('ledger'): the contributors of the last WITNESS_WINDOW rounds; 'live': the live
         # trainers when deciding starts (node/SWARM.md, "Not done": the two differ in the simulator's results)
         eligible = frozenset(eligible_witnesses(p.ledger, r)) if self.sc.eligible == "ledger" else frozenset()
-        c = core.RoundCore(self.sc.params, r, p.id, eligible, sender, p.hashes[r - 1], self.round_s, self.now)
+        c = core.RoundCore(self.sc.params, r, p.id, eligible, sender, p.hashes[r - 1], self.round_s, self.now,
+                           witnessed=self._witnessed)
         p.cores[r] = c
         self._act(p, c, c.step(core.Members(self.now, self._view(p, r))))
         if sender:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Collection, Iterable, Mapping, Union
+from typing import Any, Callable, Collection, Iterable, Mapping, Union
 
 from gradnode.protocol import witness as witness_rule
 from gradnode.protocol.records import pack
@@ -397,11 +397,7 @@ class RoundCore:
         """The trainers the round waits for, and those of them that anchor the deadline: not those two or more
         rounds past it (they applied it, or adopted a newer state, and will never announce in it: a peer left
         behind after a healed split waited out max_wait_s on every round for their announcements)."""
-        state = self._state()
-        got = self._memo.get("live")
-        if got is None or got[0] != state:
-            got = self._memo["live"] = (state, self._live_now())
-        return got[1]
+        return self._remembered("live", self._live_now)
 
     def _live_now(self) -> tuple[frozenset[str], frozenset[str]]:
         # a key that announced in this round is in it, whatever its record claims (else a far claim plus an
@@ -422,10 +418,14 @@ class RoundCore:
         return 2 * done > len(others)
 
     def deadline(self) -> float | None:
+        return self._remembered("deadline", lambda: deadline_from(self.first_seen, len(self._live()[1]), self.window))
+
+    def _remembered(self, name: str, compute: Callable[[], Any]) -> Any:
+        """``compute()``, or what it gave last while ``_state()`` is the same."""
         state = self._state()
-        got = self._memo.get("deadline")
+        got = self._memo.get(name)
         if got is None or got[0] != state:
-            got = self._memo["deadline"] = (state, deadline_from(self.first_seen, len(self._live()[1]), self.window))
+            got = self._memo[name] = (state, compute())
         return got[1]
 
     def _collect(self, now: float) -> list[Action]:

@@ -276,7 +276,7 @@ class Simulation:
         # multiset of them is counted once; the run's own, gone with it)
         counted = functools.lru_cache(maxsize=256)(lambda copies: witnessed(f for f, n in copies for _ in range(n)))
         self._witnessed = lambda reports: counted(frozenset(Counter(reports).items()))
-        self._batches: dict[tuple[str, int, int], list[Any]] = {}  # (peer, round, its core) -> events for its next poll
+        self._batches: dict[int, list[Any]] = {}  # a round core's id -> the events for its peer's next poll
         polls = random.Random(f"{sc.seed}/polls")  # each peer's polls fall at its own phase (a stream of their own)
         self._phase = {q: polls.random() * core.POLL_S for q in self.peers}
         self.stalled = False
@@ -700,19 +700,18 @@ class Simulation:
         c = q.cores.get(r)
         if c is None:
             return
-        key = (q.id, r, id(c))
-        batch = self._batches.get(key)
+        batch = self._batches.get(id(c))  # the core is alive while its poll is pending: its id is its own
         if batch is not None:
             batch.append(ev)
             return
-        self._batches[key] = [ev]
+        self._batches[id(c)] = [ev]
         phase = self._phase[q.id]
         self.at(phase + math.ceil((self.now - phase) / core.POLL_S - 1e-9) * core.POLL_S,
-                lambda: self._poll_events(q, c, key))
+                lambda: self._poll_events(q, c))
 
-    def _poll_events(self, q: VPeer, c: core.RoundCore, key: tuple[str, int, int]) -> None:
+    def _poll_events(self, q: VPeer, c: core.RoundCore) -> None:
         """q's poll: the events that reached it since the last one, decided on at once, at the poll's time."""
-        batch = self._batches.pop(key)
+        batch = self._batches.pop(id(c))
         if q.alive and q.cores.get(c.round_) is c:
             self._act(q, c, c.steps([*batch, core.Tick(self.now)]))
 

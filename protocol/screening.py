@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 REASONS = ("", "replay", "duplicate", "small", "direction", "reputation")
@@ -83,10 +83,11 @@ def judge(pairs: Sequence[tuple[str, bytes]], fps: Sequence[bytes], gram: Sequen
     rep_w = [1.0 if reputation is None else float(reputation.get(pairs[i][0], 1.0)) for i in range(n)]
     candidates = [i for i in reps if factor[i] > 0 and rep_w[i] > 0]
     accepted, cos = _direction(candidates, weight, factor, rep_w, norms, gram, params, clip_to_median)
+    yardstick = _median_cos(cos, candidates)
     screens = []
     for i, (sender, digest) in enumerate(pairs):
         if not reason[i] and i in reps:
-            if i not in accepted and cos[i] is not None and not _passes(i, cos, candidates, params):
+            if i not in accepted and cos[i] is not None and not _passes(i, cos, yardstick, params):
                 reason[i] = "direction"
             elif rep_w[i] <= 0:
                 reason[i] = "reputation"
@@ -132,24 +133,63 @@ def _groups(fps: list[bytes], gram: list[list[float]], weights: list[float], liv
     return groups
 
 
-def _cos_to_others(i: int, coef: dict[int, float], gram: list[list[float]]) -> float | None:
-    """Cosine of update i to sum_j coef_j u_j over j != i; None when there is no other update."""
-    others = [j for j in coef if j != i and coef[j] > 0]
-    if not others:
-        return None
-    num = math.fsum(coef[j] * gram[i][j] for j in others)
-    sq = math.fsum(coef[j] * coef[k] * gram[j][k] for j in others for k in others)
-    if gram[i][i] <= 0 or sq <= 0:
-        return 0.0
-    return num / (math.sqrt(gram[i][i]) * math.sqrt(sq))
+def _exact_partials(terms: Iterable[float]) -> list[float]:
+    """Floats whose exact sum is the exact sum of ``terms`` (Shewchuk's partials, what math.fsum keeps inside):
+    a sum of many terms kept exactly, so that a few of them can be taken out again without adding up the rest."""
+    partials: list[float] = []
+    for x in terms:
+        i = 0
+        for y in partials:
+            if abs(x) < abs(y):
+                x, y = y, x
+            hi = x + y
+            lo = y - (hi - x)
+            if lo:
+                partials[i] = lo
+                i += 1
+            x = hi
+        partials[i:] = [x]
+    return partials
 
 
-def _passes(i: int, cos: list[float | None], candidates: list[int], params: RobustParams) -> bool:
+def _cos_to_others(coef: dict[int, float], gram: list[list[float]], n: int) -> list[float | None]:
+    """For every update i < n, its cosine to sum_j coef_j u_j over j != i (None when there is no other update).
+
+    The squared norm of the others' sum is every pair's term (coef_j coef_k) gram_jk over the positive coefs,
+    less i's row and column: the whole sum is kept exactly once (``_exact_partials``) and i's terms, each the
+    same float, are taken out of it inside one fsum, so every value is the correctly rounded sum of exactly the
+    terms that summing the others' pairs one by one adds up (the same bits), in O(n) per update, not O(n^2)."""
+    pos = [j for j in coef if coef[j] > 0]
+    whole = _exact_partials((coef[j] * coef[k]) * gram[j][k] for j in pos for k in pos)
+    without_none = math.fsum(whole)
+    out: list[float | None] = []
+    for i in range(n):
+        others = [j for j in pos if j != i]
+        if not others:
+            out.append(None)
+            continue
+        num = math.fsum(coef[j] * gram[i][j] for j in others)
+        if len(others) == len(pos):
+            sq = without_none
+        else:
+            mine = [(coef[i] * coef[k]) * gram[i][k] for k in pos]
+            mine += [(coef[j] * coef[i]) * gram[j][i] for j in others]
+            sq = math.fsum([*whole, *(-t for t in mine)])
+        out.append(0.0 if gram[i][i] <= 0 or sq <= 0 else num / (math.sqrt(gram[i][i]) * math.sqrt(sq)))
+    return out
+
+
+def _median_cos(cos: list[float | None], candidates: list[int]) -> float | None:
+    """The median cosine of the candidates that have one (the direction screen's yardstick); None: none has."""
     values = [c for j in candidates if (c := cos[j]) is not None]
+    return statistics.median(values) if values else None
+
+
+def _passes(i: int, cos: list[float | None], median: float | None, params: RobustParams) -> bool:
     c = cos[i]
-    if c is None or not values:
+    if c is None or median is None:
         return True
-    return c > 0.0 and c >= params.min_cos_ratio * statistics.median(values)
+    return c > 0.0 and c >= params.min_cos_ratio * median
 
 
 def _direction(candidates: list[int], weight: list[float], factor: list[float], rep_w: list[float],
@@ -164,9 +204,9 @@ def _direction(candidates: list[int], weight: list[float], factor: list[float], 
         for j in sorted(accepted):
             clip = median / norms[j] if clip_to_median and norms[j] > median else 1.0
             coef[j] = weight[j] * factor[j] * rep_w[j] * clip
-        for i in range(len(norms)):  # every update, for the record; only candidates can be accepted
-            cos[i] = _cos_to_others(i, coef, gram)
-        new = {i for i in candidates if _passes(i, cos, candidates, params)}
+        cos = _cos_to_others(coef, gram, len(norms))  # every update, for the record; only candidates can be accepted
+        yardstick = _median_cos(cos, candidates)
+        new = {i for i in candidates if _passes(i, cos, yardstick, params)}
         if new == accepted:
             break
         accepted = new

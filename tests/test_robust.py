@@ -271,3 +271,34 @@ def test_a_near_copy_with_a_twist_does_not_stand_for_the_original() -> None:
     by = {s.sender: s for s in screens}
     assert by["aaa-first"].reason == "duplicate" and by["peer02"].reason == ""
     assert _same(robust_aggregate(honest + [copy])[0], aggregate(honest, rule="coord_mean"))
+
+
+def _cos_pair_by_pair(i: int, coef: dict[int, float], gram: list[list[float]]) -> float | None:
+    """The direction screen's cosine as first written: the others' squared norm summed over every pair."""
+    others = [j for j in coef if j != i and coef[j] > 0]
+    if not others:
+        return None
+    num = math.fsum(coef[j] * gram[i][j] for j in others)
+    sq = math.fsum(coef[j] * coef[k] * gram[j][k] for j in others for k in others)
+    if gram[i][i] <= 0 or sq <= 0:
+        return 0.0
+    return num / (math.sqrt(gram[i][i]) * math.sqrt(sq))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 9), st.data())
+def test_the_others_norm_taken_out_of_the_whole_sum_is_the_pair_by_pair_sum_bit_for_bit(n: int, data) -> None:
+    """protocol/screening.py keeps the whole sum of pair terms exactly and takes each update's row and column out
+    of it (O(n) per update, which 512 peers need): every cosine has the bits of the sum over the others' pairs,
+    for magnitudes far apart (cancellation), zero and negative coefficients, and a Gram matrix not symmetric."""
+    from gradnode.protocol.screening import _cos_to_others
+
+    value = st.floats(-1e12, 1e12, allow_nan=False, allow_infinity=False) | st.sampled_from([0.0, 1e-300, -1e-12])
+    gram = [[data.draw(value) for _ in range(n)] for _ in range(n)]
+    for i in range(n):
+        if data.draw(st.booleans()):
+            gram[i][i] = abs(gram[i][i])
+    coef = {j: data.draw(value | st.just(1.0)) for j in sorted(data.draw(st.sets(st.integers(0, n - 1))))}
+    expected = [_cos_pair_by_pair(i, coef, gram) for i in range(n)]
+    got = _cos_to_others(coef, gram, n)
+    assert [None if x is None else x.hex() for x in got] == [None if x is None else x.hex() for x in expected]

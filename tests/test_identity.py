@@ -36,6 +36,27 @@ def test_sign_verify_and_tampering(tmp_path: Path) -> None:
     assert not verify(a.public_der, b"round 3", sig[:-1] + bytes([sig[-1] ^ 1]))
 
 
+def test_kept_answers_are_the_answers_of_the_exact_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """verify keeps its answers by a digest of the three byte strings: asked again, a good signature still
+    verifies and a bad one still fails; bytes that only concatenate alike are another question; other
+    buffer types are refused and not kept; and no more than VERIFIED answers are kept."""
+    from gradnode.node.swarm import identity
+
+    a = load_or_create(tmp_path / "a")
+    sig = a.sign(b"round 3")
+    for _ in range(2):
+        assert verify(a.public_der, b"round 3", sig)
+        assert not verify(a.public_der, b"round 4", sig)
+        assert not verify(a.public_der, b"round 3" + sig[:1], sig[1:])  # the same bytes, split elsewhere
+    kept = len(identity._answers)
+    assert not verify(bytearray(a.public_der), b"round 3", sig)  # a key must be bytes, as before
+    assert len(identity._answers) == kept
+    monkeypatch.setattr(identity, "VERIFIED", 3)
+    for i in range(10):
+        assert not verify(a.public_der, b"round %d" % (10 + i), sig)
+    assert len(identity._answers) == 3
+
+
 def test_corrupt_key_file_is_a_value_error(tmp_path: Path) -> None:
     path = tmp_path / "bad.key"
     path.write_bytes(b"not a key")

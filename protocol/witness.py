@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from itertools import chain, repeat
 
 from gradnode.protocol.records import unpack
 
@@ -31,10 +32,10 @@ def witnessed(reports: Iterable[bytes]) -> bytes:
     reports = list(reports)
     counts: Counter[bytes] = Counter()
     # identical reports counted together, times their copies (honest witnesses mostly saw the same updates,
-    # and the simulator counts a round's reports for every peer at every poll)
+    # and the simulator counts a round's reports for every peer at every poll); Counter.update counts an
+    # iterable in C (a report's fingerprints, once each, as many times as it has copies)
     for fps, copies in Counter(reports).items():
-        for fp in set(unpack(fps)):
-            counts[fp] += copies
+        counts.update(chain.from_iterable(repeat(set(unpack(fps)), copies)))
     need = quorum(len(reports))
     return b"".join(sorted(fp for fp, n in counts.items() if n >= need))
 

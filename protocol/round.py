@@ -146,14 +146,15 @@ def view_of(records: Mapping[str, tuple[int, bool]], me: str, round_: int, *, an
     among them (a key costs nothing to make: a flood of 'training' records of keys that never sent an update
     would otherwise keep every deadline from starting)."""
     here, workers = set(announced), set(workers)
-    training = {p for p, (_, t) in records.items() if t}
-    trainers = {p for p in training - {me} if (records[p][0] >= round_ - 1 or not workers or p in workers)
-                and (records[p][0] < round_ + 2 or p in here)}
+    anyone = not workers
+    training = frozenset({p for p, (_, t) in records.items() if t})
+    trainers = frozenset({p for p, (r, t) in records.items() if t and p != me
+                          and (r >= round_ - 1 or anyone or p in workers) and (r < round_ + 2 or p in here)})
     counted = trainers & (workers | here) if workers else trainers
-    return View(trainers=frozenset(trainers), counted=frozenset(counted), leaving=frozenset(leaving),
-                present=frozenset(p for p, (r, _) in records.items() if r >= round_ - 4),
-                live=frozenset(training), ahead=frozenset(p for p in training if records[p][0] >= round_ + 2),
-                voting=frozenset(training & set(voters) if voters else training), banned=frozenset(banned))
+    return View(trainers=trainers, counted=counted, leaving=frozenset(leaving),
+                present=frozenset({p for p, (r, _) in records.items() if r >= round_ - 4}),
+                live=training, ahead=frozenset({p for p, (r, t) in records.items() if t and r >= round_ + 2}),
+                voting=training & set(voters) if voters else training, banned=frozenset(banned))
 
 
 def pace(times: Mapping[str, float], counted: Collection[str], own: float) -> float:
@@ -402,13 +403,16 @@ class RoundCore:
     def _live_now(self) -> tuple[frozenset[str], frozenset[str]]:
         # a key that announced in this round is in it, whatever its record claims (else a far claim plus an
         # announcement would anchor the deadline without being waited for)
-        gone_past = set(self.view.ahead) - set(self.first_seen)
-        trainers = set(self.view.trainers) - gone_past
-        live = (set(self.view.counted) - gone_past) | ({self.me} if self.sender else set())
+        view = self.view
+        gone_past = frozenset(view.ahead).difference(self.first_seen)
+        trainers = frozenset(view.trainers) - gone_past
+        live = frozenset(view.counted) - gone_past
+        if self.sender:
+            live |= {self.me}
         if not live <= self.verified.keys():
             sitting_out = self._abstaining()
             trainers, live = trainers - sitting_out, live - sitting_out
-        return frozenset(trainers), frozenset(live)
+        return trainers, live
 
     def majority_reported(self, live: Collection[str]) -> bool:
         others = (self.eligible or live) - {self.me}

@@ -331,7 +331,7 @@ class RoundCore:
         out: list[Action] = []
         for event in events:
             out += self._absorb(event)
-        now = max(e.now for e in events)
+        now = max([e.now for e in events])
         if self.phase == "collect":
             out += self._collect(now)
         if self.phase == "deciding":
@@ -467,7 +467,7 @@ class RoundCore:
             {p for p in self.eligible if p != self.me and p not in self.view.present}
 
     def _counted(self) -> list[Report]:
-        among = (set(self.view.live) | {self.me}) if self.live_fallback else set(self.eligible)
+        among = (set(self.view.live) | {self.me}) if self.live_fallback else self.eligible
         return [r for w, r in sorted(self.reports.items()) if w in among and not r.abstain]
 
     def count(self) -> tuple[bytes, int] | None:

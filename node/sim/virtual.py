@@ -691,7 +691,7 @@ class Simulation:
         self._act(p, c, c.step(core.Members(self.now, self._view(p, r))))
         if sender:
             self._act(p, c, c.own_update(self.now, digest))
-        for ev in sorted(p.records_of.get(r, []), key=lambda e: e.now):
+        for ev in sorted(p.records_of.get(r, []), key=operator.attrgetter("now")):
             self._act(p, c, c.step(ev if ev.now >= self.now else _at(ev, self.now)))
         for old in [k for k in p.records_of if k < r - 2]:
             del p.records_of[old]
@@ -711,8 +711,7 @@ class Simulation:
         within the ttl (a split hides the others once theirs go stale), each at the round after the last its
         tail names; the last round p applied's senders and this round's announcers are counted; with
         ``votes='contributors'`` only the keys in p's ledger vote."""
-        tails = self._tails(p, with_me=False, voting=False)
-        records = {q: (t[-1][0] + 1 if t else 0, True) for q, t in tails.items()}
+        records = {q: (t[-1][0] + 1 if t else 0, True) for q, t in self._tails(p, with_me=False, voting=False).items()}
         voters = p.ledger.keys() if self.sc.votes != "everyone" else ()
         return core.view_of(records, p.id, r, announced=self._announced(p, r), workers=p.senders, voters=voters)
 

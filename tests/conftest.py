@@ -140,7 +140,8 @@ def swarm_metrics(summary: dict[str, Any], index: int) -> list[dict[str, Any]]:
 
 # log lines that tell how a peer moved between chains (what a split's post-mortem needs: CI keeps no logs)
 CHAIN_EVENTS = ("another chain", "state adopted", "re-sync", "differs from the majority", "giving it up",
-                "leads among the live", "following the proposal", "equivocated", "undecided", "outcome dropped")
+                "leads among the live", "following the proposal", "equivocated", "undecided", "outcome dropped",
+                "exchanged on hash")
 
 
 def explain(summary: dict[str, Any], tail: int = 25) -> str:

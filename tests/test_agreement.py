@@ -12,6 +12,7 @@ import time
 import pytest
 
 from gradnode.node.config import SwarmConfig
+from gradnode.node.swarm import transport
 from gradnode.node.swarm.agreement import Agreement, Verdict
 from gradnode.node.swarm.equivocation import Equivocators
 from gradnode.node.swarm.membership import Membership
@@ -19,6 +20,13 @@ from gradnode.protocol import round as core
 from gradnode.protocol.records import Report, pack
 
 pytestmark = pytest.mark.swarm
+
+
+@pytest.fixture(autouse=True)
+def _every_read_from_the_dht(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests take a round's steps one after another, each read right after the stores before it: every read
+    begins after them (in a node a peer's reads of a key within one poll share one: tests/test_transport.py)."""
+    monkeypatch.setattr(transport, "READ_SHARE_S", 0.0)
 RUN = "run"
 SEED = "ab" * 32
 
@@ -141,7 +149,7 @@ def test_a_censoring_witness_keeps_out_nothing_the_others_verified(trio) -> None
         assert ended != "max wait", ended  # every eligible witness reported: counted, not waited out
 
 
-def test_a_report_that_came_late_for_one_peer_splits_nobody(trio) -> None:
+def test_a_report_that_came_late_for_one_peer_splits_nobody(trio, monkeypatch: pytest.MonkeyPatch) -> None:
     """c's update reached a in time but not b (a slow fetch): a's report lists a and c, b's lists a and b, and
     c's own all three. b counts at its deadline while c's report is not in sight: from a's and b's reports it
     decides the updates both list, {a}; a, counting all three, decides {a, b, c}, and so does c. Applied as
@@ -161,6 +169,8 @@ def test_a_report_that_came_late_for_one_peer_splits_nobody(trio) -> None:
     first_a, _ = _decide(ga)
     first_c, _ = _decide(gc)
     assert first_a.fps == first_c.fps == pack(full) != first_b.fps  # the split, as each first count gives it
+    # the second count reads the DHT itself, never the answer of a read that began before it (shared reads)
+    monkeypatch.setattr(transport, "READ_SHARE_S", 3600.0)
     second_b = gb.settle()
     assert second_b is not None and second_b.fps == pack(full) and second_b.witnesses == 3
     assert ga.settle() is first_a and gc.settle() is first_c  # unchanged where nothing came late

@@ -10,16 +10,30 @@ import pytest
 
 from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm.identity import load_or_create
+from gradnode.node.swarm import transport
 from gradnode.node.swarm.transport import Transport
 
 pytestmark = pytest.mark.swarm
 
 
-def test_records_blobs_gossip_and_counters(trio) -> None:
+def test_records_blobs_gossip_and_counters(trio, monkeypatch: pytest.MonkeyPatch) -> None:
     a, b, c = trio
     assert a.store("k", b"from-a", ttl=30) and b.store("k", b"from-b", ttl=30)
     # one value per owner, none overwritten, each with the peer id whose key alone can write it
     assert sorted(c.get("k"), key=lambda kv: kv[1]) == [(a.peer_id, b"from-a"), (b.peer_id, b"from-b")]
+
+    # a read younger than READ_SHARE_S answers the peer's other reads of the key (its threads poll the same
+    # keys); a store of its own under the key is seen by its next read (here the time is stretched: no schedule
+    # can make the second read come later than the window)
+    monkeypatch.setattr(transport, "READ_SHARE_S", 3600.0)
+    reads = c.dht_reads
+    assert c.get("k2") == [] and (c.dht_reads, c.reads_shared) == (reads + 1, 0)
+    assert b.store("k2", b"from-b", ttl=30)
+    assert c.get("k2") == [] and (c.dht_reads, c.reads_shared) == (reads + 1, 1)  # the read before's answer
+    assert c.store("k2", b"from-c", ttl=30)
+    assert sorted(v for _, v in c.get("k2")) == [b"from-b", b"from-c"] and c.dht_reads == reads + 2
+    monkeypatch.setattr(transport, "READ_SHARE_S", 0.0)
+    assert len(c.get("k2")) == 2 and (c.dht_reads, c.reads_shared) == (reads + 3, 1)
 
     blob = bytes(range(256)) * 4000
     a.blobs.put("u/x", blob)
@@ -69,13 +83,14 @@ def settles(check, within_s: float = 60.0) -> bool:
     return check()
 
 
-def test_a_replayed_leaving_record_does_not_make_a_peer_leave(trio) -> None:
+def test_a_replayed_leaving_record_does_not_make_a_peer_leave(trio, monkeypatch: pytest.MonkeyPatch) -> None:
     """replayleave: peer b keeps a copy of a's signed 'leaving' record (a left, then came back) and stores it
     under its own key. The signature is a's, so without the owner check c takes a for gone (nobody would
     wait for its proposal); with it, c sees a as a live member and counts b's record as bad."""
     from gradnode.node.swarm.membership import Membership
     from gradnode.protocol.records import dht_key
 
+    monkeypatch.setattr(transport, "READ_SHARE_S", 0.0)  # each read of c begins after the others' stores before it
     a, b, c = trio
     ma, mc = (Membership(t, t.identity, "run", ttl=30.0) for t in (a, c))
     common = dict(round_=3, training=True, step_seconds=1.0, inner_steps=10, tokens_per_s=1.0, rejected=0, loss=None)

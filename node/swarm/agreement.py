@@ -153,9 +153,9 @@ class Agreement:
         self._records.setdefault((p.witness, digest), p)
         return core.Report(p.witness, p.seed, p.included, p.abstain, digest)
 
-    def _read(self) -> list[core.Report]:
+    def _read(self, fresh: bool = False) -> list[core.Report]:
         """This round's reports as the DHT holds them now, the ones read from their witnesses, and our own."""
-        read = self.members.read("reports", self.round, Report) + list(self._direct.values())
+        read = self.members.read("reports", self.round, Report, fresh) + list(self._direct.values())
         if self._mine is not None:
             read.append(self._mine)  # our own, whether or not the DHT read returned it yet
         return [self._as_core(p) for p in read if p.round == self.round]
@@ -168,10 +168,11 @@ class Agreement:
         self._take_in()
         return {w: self._records[w, r.digest] for w, r in self.core.reports.items()}
 
-    def _take_in(self) -> None:
+    def _take_in(self, fresh: bool = False) -> None:
         """The bans and this round's reports as they stand, into the core, without deciding anything."""
         now = time.monotonic()
-        self._act(self.core.note([core.Members(now, self.view()), *(core.ReportSeen(now, r) for r in self._read())]))
+        self._act(self.core.note([core.Members(now, self.view()),
+                                  *(core.ReportSeen(now, r) for r in self._read(fresh))]))
 
     def abstaining(self) -> set[str]:
         """Witnesses that said they sit this round out."""
@@ -226,7 +227,9 @@ class Agreement:
     def settle(self) -> Verdict | None:
         """The second count, just before the round is applied: the reports as they stand now, counted by the
         same rule (core.RoundCore.settle). The first count's set stands when they give the same, or none."""
-        self._take_in()  # read, not stepped: a round not decided yet (a crashed exchange) must not move on now
+        # read (now: the reports that came since the first count are what it is for), not stepped: a round not
+        # decided yet (a crashed exchange) must not move on now
+        self._take_in(fresh=True)
         found = self.core.settle()
         if found is None:
             return None

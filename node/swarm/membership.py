@@ -89,8 +89,9 @@ class Membership:
         self.bad_records[who] = self.bad_records.get(who, 0) + 1
         log.warning("record rejected author=%s reason=%s", who, why)
 
-    def members(self, max_age: float = 0.5) -> dict[str, MemberRecord]:
-        """Live members by peer id (cached for ``max_age`` seconds); expired and leaving peers dropped."""
+    def members(self, max_age: float = 0.5, fresh: bool = False) -> dict[str, MemberRecord]:
+        """Live members by peer id (cached for ``max_age`` seconds); expired and leaving peers dropped.
+        ``fresh``: read the DHT now (Transport.get)."""
         with self._lock:
             if time.monotonic() - self._read_at < max_age:
                 return dict(self._members)
@@ -100,7 +101,7 @@ class Membership:
         if not self.gate.open and time.monotonic() - self._revocations_at > 5.0:
             self._revocations_at = time.monotonic()
             self.gate.take_revocations([raw for _, raw in self.transport.get(dht_key(self.run_id, "revocations"))])
-        for owner, raw in self.transport.get(dht_key(self.run_id, "members")):
+        for owner, raw in self.transport.get(dht_key(self.run_id, "members"), fresh=fresh):
             try:
                 rec = MemberRecord.from_bytes(raw)
             except RecordError as err:
@@ -170,7 +171,7 @@ class Membership:
         with self._lock:
             key = self._keys.get(peer_id)
         if key is None:  # a member new to us, or a stranger: read the list again (permissioned: once a second)
-            self.members(max_age=0.0 if self.gate.open else 1.0)
+            self.members(max_age=0.0 if self.gate.open else 1.0, fresh=self.gate.open)
             with self._lock:
                 key = self._keys.get(peer_id)
         return key
@@ -180,10 +181,11 @@ class Membership:
         key = self.public_key(author)
         return rec.run_id == self.run_id and key is not None and verify(key, rec.signing_bytes(), rec.signature)
 
-    def read(self, what: str, round_: int | None, cls: type[R]) -> list[R]:
-        """Verified records of one kind under one DHT key; malformed or forged ones are counted and dropped."""
+    def read(self, what: str, round_: int | None, cls: type[R], fresh: bool = False) -> list[R]:
+        """Verified records of one kind under one DHT key; malformed or forged ones are counted and dropped.
+        ``fresh``: from a DHT read begun now, not one another thread began just before (Transport.get)."""
         out = []
-        for owner, raw in self.transport.get(dht_key(self.run_id, what, round_)):
+        for owner, raw in self.transport.get(dht_key(self.run_id, what, round_), fresh=fresh):
             try:
                 rec = cls.from_bytes(raw)
             except RecordError as err:

@@ -804,5 +804,5 @@ class Peer:
             hashes=dict(self.history.hashes), joined_round=t.joined_round, first_contribution=t.first_contribution,
             catchups=t.catchups, state_downloads=t.sync["downloads"], rejected_state_offers=t.sync["rejected_offers"],
             resumed_round=t.resumed_round, state_bytes_up=tr.state_bytes_up,
-            own_update_bytes_up=tr.own_update_bytes_up,
+            own_update_bytes_up=tr.own_update_bytes_up, dht_reads=tr.dht_reads, dht_reads_shared=tr.reads_shared,
             phase_s_per_round={k: v / n for k, v in sorted(self.phases.totals().items())})

@@ -43,6 +43,8 @@ class PeerSummary:
     resumed_round: int | None = None  # round of the own checkpoint this process resumed from
     state_bytes_up: int = 0  # state served to joiners
     own_update_bytes_up: int = 0  # copies of this peer's own updates uploaded (the rest of bytes_up is relaying)
+    dht_reads: int = 0  # DHT reads made, and those answered by another thread's read of the same key just before
+    dht_reads_shared: int = 0
     # main-thread seconds per round outside the inner steps, by phase (what utilisation loses, and where)
     phase_s_per_round: dict[str, float] = field(default_factory=dict)
 

@@ -107,3 +107,34 @@ def test_a_failed_chores_job_is_logged_not_taken_for_a_hash_mismatch(tmp_path) -
     peer.chores._job.set_result(Findings(3, None))  # checked before a re-sync that replaced round 3: moot
     peer._settle_chores()
     assert synced == ["hash mismatch"]
+
+
+def test_a_round_exchanged_on_a_chain_a_resync_left_is_observed_on_the_chain_held(tmp_path) -> None:
+    """A re-sync between round r's publication and its decision can adopt the very state round r starts from,
+    of another chain. The exchange opened before counts the reports made on the chain left, where this peer is
+    alone: it would decide with one witness, itself, and fork again (stop 34, a flake hunt of the mix). Round
+    r is then observed on the chain held (as a round sat out) and the old exchange stopped; an exchange on the
+    chain held, or of a round the engine moved past (its outcome is dropped), is left as it is."""
+    from threading import Event
+    from types import SimpleNamespace
+
+    from _tiny import tiny_config
+    from gradnode.node.swarm.peer import Peer
+    from gradnode.node.train.engine import Engine
+
+    peer = Peer(tiny_config(tmp_path))
+    peer.engine = Engine(peer.cfg)  # what the peer trains (its start builds it, with the network's state)
+    observed: list[int] = []
+    peer._observe = lambda round_: observed.append(round_) or "observer of the chain held"  # what it hands back
+    r, held = peer.engine.round, peer.engine.state_hash()
+
+    def exchange(round_: int, seed: str) -> SimpleNamespace:
+        return SimpleNamespace(round=round_, agreement=SimpleNamespace(seed=seed), stop_event=Event())
+
+    same = exchange(r, held)
+    assert peer._on_the_chain_held(same) is same and not same.stop_event.is_set()
+    past = exchange(r - 1, "a hash of the chain left")
+    assert peer._on_the_chain_held(past) is past and not past.stop_event.is_set() and observed == []
+    left = exchange(r, "a hash of the chain left")
+    assert peer._on_the_chain_held(left) == "observer of the chain held" and left.stop_event.is_set()
+    assert observed == [r]

@@ -395,8 +395,8 @@ class Transport:
         found = self._read(key, timeout, t0)
         if found is not None:
             with self._reads_lock:
-                if len(self._reads) >= 256:  # keys of past rounds
-                    self._reads = {k: v for k, v in self._reads.items() if t0 - v[0] < 60.0}
+                if len(self._reads) >= 256:  # keys of past rounds (a read is given up after its timeout, 10 s)
+                    self._reads = {k: v for k, v in self._reads.items() if t0 - v[0] < 30.0}
                 if key not in self._reads or self._reads[key][0] < t0:
                     self._reads[key] = (t0, found)
         return list(found or [])

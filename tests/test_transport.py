@@ -235,3 +235,31 @@ def test_a_holder_serving_bytes_that_fail_verification_is_asked_once(trio) -> No
     before = b.bytes_down
     assert b.fetch(holders, "u/run/1/z", max_bytes=1 << 20, deadline=time.monotonic() + 30, verify=check) == good
     assert len(passes) >= 2 and b.bytes_down - before == len(bad) + len(good)
+
+
+def test_a_slow_holder_lookup_holds_up_no_stream_this_peer_serves(trio) -> None:
+    """A fetch's holders come from a DHT read (the exchange's holdings), which can take seconds when nodes are
+    out of reach. The read runs beside the event loop that serves this peer's streams, not on it: a download
+    from this peer completes while its own lookup is still out (before, the loop sat in the read, and every
+    download from the peer with it). Ordered by events, not timed: the lookup returns once that download is
+    done, or after 20 s."""
+    import os
+    import threading
+
+    a, b, c = trio
+    mine, wanted = os.urandom(4096), os.urandom(4096)
+    c.blobs.put("u/run/1/w", mine)
+    a.blobs.put("u/run/1/v", wanted)
+    downloaded, looked_up = threading.Event(), threading.Event()
+
+    def slow_holders() -> list:  # stands for a DHT read that takes long
+        downloaded.wait(20)
+        looked_up.set()
+        return [(a.peer_id, a.maddrs())]
+
+    pending = c.submit(c.fetch_async(slow_holders, "u/run/1/v", max_bytes=1 << 20, deadline=time.monotonic() + 60))
+    got = b.fetch([(c.peer_id, c.maddrs())], "u/run/1/w", max_bytes=1 << 20, deadline=time.monotonic() + 40)
+    still_out = not looked_up.is_set()
+    downloaded.set()
+    assert got == mine and still_out  # served while c's lookup was still out
+    assert pending.result(60) == wanted

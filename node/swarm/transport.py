@@ -581,7 +581,9 @@ class Transport:
             local = self.blobs.get(name)  # pushed to us, or fetched by another task meanwhile
             if local is not None and len(local) <= max_bytes and verify(local):
                 return local
-            listed = sources() if callable(sources) else sources
+            # a callable reads the DHT (the exchange's holders): in a thread, never on this event loop, which
+            # serves every stream of this peer (a DHT read can take seconds when nodes are out of reach)
+            listed = await asyncio.to_thread(sources) if callable(sources) else sources
             order = [s for s in listed if s[0] != me and s[0] not in self.blocked and s[0] not in refused]
             if refused and not callable(sources) and all(s[0] in refused or s[0] == me for s in listed):
                 return None  # every holder named served bytes that failed: nobody left to ask

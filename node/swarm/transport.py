@@ -225,7 +225,7 @@ class Transport:
         self._dht_lock = threading.Lock()
         self._owners: dict[Any, str | None] = {}  # DHT subkey -> the peer id that owns it
         # key -> (when the read began, what it found): a read of the same key within READ_SHARE_S shares it;
-        # (when this peer stored under the key, None): reads begun before that are not kept
+        # (when a store of this peer under the key ended, None): reads begun before that are not kept
         self._reads: dict[str, tuple[float, list[tuple[str | None, bytes]] | None]] = {}
         self._reads_lock = threading.Lock()
         self.dht_reads = 0  # reads that went to the DHT
@@ -361,8 +361,6 @@ class Transport:
         """Store ``value`` under ``key`` in this peer's owner-protected subkey (or ``owner``'s, one of
         ``signs_for``); False on failure."""
         assert self._dht is not None
-        with self._reads_lock:  # no read begun before this store answers a read after it
-            self._reads[key] = (time.monotonic(), None)
         assert len(value) <= _MAX_DHT_VALUE, f"DHT values must stay small, got {len(value)} bytes"
         assert owner is None or owner in self.signs_for, "this node signs for its own key and signs_for only"
         subkey = (self._validator if owner is None else self._validator.signers[owner.peer_id]).local_public_key
@@ -375,6 +373,8 @@ class Transport:
             log.warning("dht store failed key=%s error=%r after %.1f s", key, err, time.monotonic() - t0)
             return False
         finally:
+            with self._reads_lock:  # no read begun before the store ended answers a read after it
+                self._reads[key] = (time.monotonic(), None)
             if time.monotonic() - t0 > 2.0:  # unreachable DHT nodes (a split network) show up here first
                 log.info("dht store slow key=%s seconds=%.1f", key, time.monotonic() - t0)
 

@@ -27,6 +27,8 @@ def _every_read_from_the_dht(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests take a round's steps one after another, each read right after the stores before it: every read
     begins after them (in a node a peer's reads of a key within one poll share one: tests/test_transport.py)."""
     monkeypatch.setattr(transport, "READ_SHARE_S", 0.0)
+
+
 RUN = "run"
 SEED = "ab" * 32
 

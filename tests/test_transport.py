@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from gradnode.node.config import SwarmConfig
-from gradnode.node.swarm.identity import load_or_create
 from gradnode.node.swarm import transport
+from gradnode.node.swarm.identity import load_or_create
 from gradnode.node.swarm.transport import Transport
 
 pytestmark = pytest.mark.swarm

@@ -360,10 +360,13 @@ class Peer:
         """Learn the decision of a round we abstained from, exactly as the others reached it."""
         return self._exchange(round_, None, 0)
 
+    def _chain_seed(self, round_: int) -> str:
+        """The chain round ``round_``'s reports are made on: the state the previous round agreed on (ours, now)."""
+        return self.history.hashes.get(round_ - 1) or self.engine.state_hash()
+
     def _exchange(self, round_: int, blob: bytes | None, tokens: int) -> RoundExchange:
         assert self.engine.round == round_, (self.engine.round, round_)
-        # the chain this round's reports are made on: the state the previous round agreed on (ours, right now)
-        seed = self.history.hashes.get(round_ - 1) or self.engine.state_hash()
+        seed = self._chain_seed(round_)
         # a report is final: back from a restart within a round it reported on, a peer does not report again
         witness = blob is not None and self.own_reports.first(round_, seed)
         ex = RoundExchange(transport=self.transport, membership=self.membership, cfg=self.sw,
@@ -438,7 +441,7 @@ class Peer:
         applies what the others decide on the chain held, as for a round sat out."""
         if ex.round != self.engine.round:
             return ex  # the engine moved past it: _apply drops the outcome
-        held = self.history.hashes.get(ex.round - 1) or self.engine.state_hash()
+        held = self._chain_seed(ex.round)
         if ex.agreement.seed == held:
             return ex
         log.warning("round=%d was exchanged on hash=%s; the state adopted since holds hash=%s: observing the "

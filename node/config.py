@@ -210,6 +210,10 @@ class SwarmConfig(_Section):
     client_mode: bool = Field(False, description="Accept no inbound connections (peer behind NAT): listen on no "
                                                  "address, push own updates to reachable peers, fetch from them.")
     identity_path: Path | None = Field(None, description="Key file; default <run.output_dir>/identity.key.")
+    identity_check: bool = Field(True, description="At start, ask the swarm whether another process runs this "
+                                 "key (hivemind's check: one more libp2p daemon and a lookup). gradnode "
+                                 "simulate turns it off for the processes it starts, each with a key "
+                                 "of its own.")
     rounds: int = Field(0, ge=0, description="Rounds to train before leaving; 0 means until stopped.")
     deadline_slack: float = Field(1.5, ge=1.0, le=100.0,
                                   description="Round deadline = slack x the median peer's observed round time, "

@@ -225,7 +225,9 @@ class Swarm:
     def _common(self, name: str) -> list[str]:
         # the bootstrap listens on a fixed port: restarted, it comes back at the address peers were given
         port = self.bootstrap_port if name == "bootstrap" else 0
-        args = ["--set", f"run.output_dir={self.s.out_dir / name}",
+        # every process here has a key of its own, made in its own folder, and a restart follows the end of the
+        # process it replaces: hivemind's check that nobody else runs the key (swarm.identity_check) is skipped
+        args = ["--set", f"run.output_dir={self.s.out_dir / name}", "--set", "swarm.identity_check=false",
                 "--set", f"swarm.host_maddrs=['/ip4/{self._host_ip(name)}/tcp/{port}']", *self.extra.get(name, [])]
         if self.partition_file is not None and name != "bootstrap":
             args += ["--set", f"swarm.fault_partition_file={self.s.out_dir / name / 'partition.json'}"]

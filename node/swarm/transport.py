@@ -290,6 +290,7 @@ class Transport:
                 initial_peers=initial or None, start=False,
                 host_maddrs=hosts, announce_maddrs=list(self.cfg.announce_maddrs) or None,
                 client_mode=self.cfg.client_mode, identity_path=str(self.identity.path),
+                check_if_identity_free=self.cfg.identity_check,
                 record_validators=[self._validator], startup_timeout=timeout)
             try:
                 dht.run_in_background(await_ready=True, timeout=timeout + 10.0)

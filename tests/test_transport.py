@@ -263,3 +263,23 @@ def test_a_slow_holder_lookup_holds_up_no_stream_this_peer_serves(trio) -> None:
     downloaded.set()
     assert got == mine and still_out  # served while c's lookup was still out
     assert pending.result(60) == wanted
+
+
+def test_a_key_another_process_runs_is_refused_unless_the_check_is_off(trio) -> None:
+    """swarm.identity_check (on by default): a second process with a peer's key, joining through the swarm, is
+    refused before it takes part; with the check off (gradnode simulate's processes, each with a key of its own)
+    it starts, as a twin of that peer."""
+    a, b, _ = trio
+    twin_of = SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=a.maddrs())
+    twin = Transport(twin_of, b.identity)
+    try:
+        with pytest.raises(transport.TransportError, match="another process runs this peer's key"):
+            twin.start()
+    finally:
+        twin.close()
+    unchecked = Transport(twin_of.model_copy(update={"identity_check": False}), b.identity)
+    try:
+        unchecked.start()
+        assert unchecked.peer_id == b.peer_id
+    finally:
+        unchecked.close()

@@ -75,6 +75,9 @@ def explain_start_failure(err: BaseException, initial: list[str], hosts: list[st
     if _UNANSWERED in text:
         return (f"no initial peer answered ({', '.join(initial)}): check that a gradnode bootstrap or peer runs "
                 "there, that the address, port and /p2p/ id are the ones it printed, and that no firewall blocks it")
+    if "is already taken by another peer" in text:
+        return ("another process runs this peer's key and reaches the swarm: stop it, or give this peer a key of its "
+                "own (a run.output_dir of its own, or swarm.identity_path)")
     if "address already in use" in text:
         return (f"cannot listen on {', '.join(hosts)}: the port is in use by another process; pick another port "
                 "(--host, or swarm.host_maddrs; /tcp/0 takes any free one)")

@@ -39,6 +39,7 @@ def test_each_forked_process_has_its_own_session_log_randomness_and_exit_code(tm
             assert s["threads"] == 1 and s["sigint"] and s["args"] == args, s  # Ctrl+C raises, as in a fresh one
         assert seen[0]["random"] != seen[1]["random"] and seen[0]["numpy"] != seen[1]["numpy"], seen
         c = z.fork(["sleep", "60"], tmp_path / "c.log")
+        assert (tmp_path / "c.log").exists()  # as with subprocess.Popen: a test may read it at once
         assert c.poll() is None
         with pytest.raises(subprocess.TimeoutExpired):
             c.wait(timeout=0.5)

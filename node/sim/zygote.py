@@ -89,7 +89,9 @@ class Zygote:
 
     def fork(self, args: list[str], log_path: Path) -> "Forked":
         """A child running ``gradnode ARGS`` (as `python -m gradnode.node.cli ARGS`), its output appended to
-        ``log_path``. RuntimeError when the zygote does not answer with a pid."""
+        ``log_path``, which exists when this returns, as with subprocess.Popen (the child opens it only once
+        forked). RuntimeError when the zygote does not answer with a pid."""
+        open(log_path, "a").close()
         with self._lock:
             if not self._ready or self._gone:
                 raise RuntimeError("the zygote is not serving")

@@ -138,3 +138,35 @@ def test_a_round_exchanged_on_a_chain_a_resync_left_is_observed_on_the_chain_hel
     left = exchange(r, "a hash of the chain left")
     assert peer._on_the_chain_held(left) == "observer of the chain held" and left.stop_event.is_set()
     assert observed == [r]
+
+
+def test_a_peer_that_adopts_an_earlier_state_keeps_the_updates_of_the_rounds_it_redoes(tmp_path) -> None:
+    """After a healed split, the winning side's round of the merge took the losing side's updates too; a loser
+    then adopts the state that round starts from and redoes it as an observer, so it needs those updates, its
+    own among them. Dropped with the chain given up (as before), nobody held the losers' own updates any more
+    once the winners moved past the round: both losers applied half the set and forked again (a flake hunt of
+    the partition test, 1 run in 5; the run ended 2|2). The checkpoints of the chain given up still go."""
+    from _tiny import tiny_config
+    from gradnode.node.swarm.peer import Peer
+    from gradnode.node.train import checkpoint
+    from gradnode.node.train.engine import Engine
+
+    peer = Peer(tiny_config(tmp_path))
+    peer.engine = Engine(peer.cfg)
+    peer.engine.round = 16  # the losing chain's round
+    me = peer.identity.peer_id
+    held = {f"u/{peer.cfg.run.run_id}/{r}/{who}": b"update" for r in (12, 13, 14, 15) for who in (me, "QmOther")}
+    for name, data in held.items():
+        peer.transport.blobs.put(name, data)
+    folder = peer.cfg.run.output_dir / "checkpoints"
+    for r in (12, 14, 16):
+        checkpoint.save(folder, r, peer.engine.shared_state(), meta={"run_id": peer.cfg.run.run_id}, keep=10)
+
+    def adopt(reason, force, links):  # the fork rule's sync: the state round 13 starts from, of the winning chain
+        peer.engine.round = 13
+        return True
+
+    peer.sync = type("S", (), {"level": staticmethod(adopt)})()
+    assert peer._sync_state("fork", force=True, links=set())
+    assert all(peer.transport.blobs.get(name) == data for name, data in held.items())
+    assert [p.name for p in checkpoint.list_checkpoints(folder)] == ["round-00000012"]

@@ -540,12 +540,14 @@ class Peer:
         adopted = self.sync.level(reason, force, links)
         if adopted:
             self.follow.lost = 0  # looks before a new state say nothing about it
-        if adopted and self.engine.round < before:  # a chain given up: its newer checkpoints and blobs are moot
+        if adopted and self.engine.round < before:  # a chain given up: its newer checkpoints are moot
             from gradnode.node.train import checkpoint
 
             checkpoint.drop_after(self.cfg.run.output_dir / "checkpoints", self.engine.round)
-            self.transport.blobs.drop(lambda n: not n.startswith(ROUND_BLOBS) or
-                                      int(n.split("/")[2]) < self.engine.round)
+            # but not the updates it holds of those rounds (its own and others', each signed for its round): the
+            # winning chain's sets can hold them (its round of the merge took this side's updates too), and this
+            # peer, redoing those rounds on the adopted state, needs them; an update it makes again replaces its
+            # own, and the rounds' ends drop them as any others (_hand_off_chores)
         return adopted
 
     def _look_at_chains(self) -> health.ChainView:

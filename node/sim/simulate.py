@@ -3,7 +3,7 @@
 Every process runs the real CLI (`gradnode bootstrap`, `gradnode join`) in its own session, and is
 stopped by its PID (its process group: the peer, its DHT process and its libp2p daemon) at the end, on
 an error, or on Ctrl+C. On this host they are forked from one process that imported torch and hivemind
-once (zygote.py: ~2 CPU-seconds saved per process started); a process in a network namespace is started
+once (zygote.py: ~3 CPU-seconds saved per process started); a process in a network namespace is started
 by `ip netns exec` as a fresh one. Peers report through files: a metrics line per
 round (the live view) and a summary JSON when they finish. A fault schedule (faults.py) kills,
 restarts, stops and starts peers late when the swarm reaches given rounds; a restarted peer runs

@@ -23,3 +23,11 @@ def probe() -> None:
         time.sleep(float(args[1]))
     if args[:1] == ["exit"]:
         sys.exit(int(args[1]))
+    if args[:1] in (["hold"], ["take"]):  # hivemind's lock that every DHT result passes through
+        from hivemind.utils.mpfuture import MPFuture
+
+        if args[0] == "hold":
+            MPFuture._update_lock.acquire()
+            print("held", flush=True)
+            time.sleep(600)
+        print(json.dumps({"took": MPFuture._update_lock.acquire(timeout=5.0)}), flush=True)

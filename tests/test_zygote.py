@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -85,5 +86,25 @@ def test_the_cli_forked_answers_as_the_command_does(tmp_path: Path) -> None:
         assert (ok.wait(timeout=60), bad.wait(timeout=60)) == (0, 2)
         assert "gradnode" in (tmp_path / "ok.log").read_text()
         assert "no-such-option" in (tmp_path / "bad.log").read_text()
+    finally:
+        z.close()
+
+
+def test_a_child_killed_holding_a_hivemind_lock_holds_up_no_other(tmp_path: Path) -> None:
+    """hivemind makes its cross-process locks at import. Forked from one zygote, every process of a swarm shared
+    them, and a process killed -9 while holding the one every DHT result passes through left all the others'
+    DHTs blocked for good (the kill/restart test's stalls at stops 34 and 36). Each child makes its own."""
+    z = _zygote(tmp_path)
+    try:
+        assert z.start(), (tmp_path / "zygote.log").read_text()
+        holder = z.fork(["hold"], tmp_path / "hold.log")
+        end = time.monotonic() + 60
+        while "held" not in (tmp_path / "hold.log").read_text() and time.monotonic() < end:
+            time.sleep(0.1)
+        os.killpg(holder.pid, signal.SIGKILL)
+        assert holder.wait(timeout=60) == -signal.SIGKILL
+        taker = z.fork(["take"], tmp_path / "take.log")
+        assert taker.wait(timeout=60) == 0
+        assert json.loads((tmp_path / "take.log").read_text().splitlines()[-1]) == {"took": True}
     finally:
         z.close()

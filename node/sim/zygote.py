@@ -9,10 +9,12 @@ process group, which a kill -9 takes down with its DHT process and daemon), writ
 the CLI command as `python -m gradnode.node.cli ARGS` would, exiting through the interpreter's normal exit
 (threads joined, atexit handlers run).
 
-A fork copies only the state the imports made, all of it the same in a fresh process, with two exceptions
+A fork copies only the state the imports made, all of it the same in a fresh process, with three exceptions
 dealt with here: the global random generators are reseeded in the child (`random` reseeds itself at a fork,
-numpy's legacy one is reseeded explicitly), and no thread may run in the zygote when it forks (checked once
-the imports are done: the zygote refuses to serve otherwise and the swarm starts its processes the usual way).
+numpy's legacy one is reseeded explicitly); hivemind's cross-process locks, made at its import, are made anew
+in the child (AFTER_FORK: shared, one child killed -9 while holding one stalled every other's DHT); and no
+thread may run in the zygote when it forks (checked once the imports are done: the zygote refuses to serve
+otherwise and the swarm starts its processes the usual way).
 
 The parent talks to it over its stdin and stdout, one line each way: a request is a JSON list, the log file's
 path and the arguments; the answer the child's pid, or an error line. The zygote reaps its children and
@@ -38,6 +40,9 @@ from typing import Callable
 CLI = "gradnode.node.cli:main"  # what a child runs by default: `python -m gradnode.node.cli ARGS`
 # torch._dynamo: torch.optim imports it when a peer makes its first optimizer (the inner AdamW), ~0.9 s more
 PRELOAD = ("gradnode.node.cli", "gradnode.node.swarm.peer", "gradnode.node.swarm.report", "torch._dynamo")
+# called in every child before its command: what a process forked from the zygote must not share with the others
+# (hivemind's cross-process locks, made at its import: a child killed -9 holding one stalled every other's DHT)
+AFTER_FORK = ("gradnode.node.swarm.transport:fresh_locks",)
 
 
 class Zygote:
@@ -203,6 +208,9 @@ def _child(run: Callable[[], None], log_path: str, args: list[str]) -> None:
     sys.stderr = io.TextIOWrapper(open(2, "wb", buffering=0, closefd=False), write_through=True)
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
+    for hook in AFTER_FORK:
+        module, _, function = hook.partition(":")
+        getattr(importlib.import_module(module), function)()
     sys.argv = ["gradnode", *args]
     run()
     sys.exit(0)  # the interpreter exits as a fresh one would: threads joined, atexit handlers run

@@ -69,6 +69,23 @@ class TransportError(ValueError):
 _UNANSWERED = "failed to connect to bootstrap peers"  # the daemon's words when no initial peer answered
 
 
+def fresh_locks() -> None:
+    """New cross-process locks for hivemind, as a fresh process makes at its import. hivemind makes them at
+    import (MPFuture's and SharedBytes', the async context wrapper's executor lock), to be shared by a process and
+    the DHT process it forks. A process forked from another that imported hivemind (gradnode simulate's zygote)
+    shares its parent's: every process of a swarm shared one set, and a process killed -9 while holding one (the
+    result pipe's, taken for every result the DHT process hands back) left every other's DHT blocked on it for
+    good: DHT reads timed out everywhere and restarted processes' DHTs never came up (stop 34's and stop 36's
+    kill/restart hangs; tests/test_zygote.py). Call it in such a child before any DHT starts."""
+    import multiprocessing
+
+    from hivemind.utils.asyncio import _AsyncContextWrapper
+    from hivemind.utils.mpfuture import MPFuture
+
+    MPFuture.reset_backend()  # hivemind's own: MPFuture's and SharedBytes' locks anew, its backend unset
+    _AsyncContextWrapper.EXECUTOR_LOCK = multiprocessing.Lock()
+
+
 def explain_start_failure(err: BaseException, initial: list[str], hosts: list[str]) -> str:
     """One line for a libp2p daemon that did not start, in the user's terms (not the daemon's)."""
     text = str(err)

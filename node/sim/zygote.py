@@ -2,8 +2,9 @@
 
 A peer's process spends about two CPU-seconds importing torch and hivemind before it does anything (measured:
 `python -X importtime -c "import gradnode.node.swarm.peer"`, 1.8 s alone; more while other peers start beside
-it), and about one more when its first optimizer imports torch._dynamo. `gradnode simulate` starts a bootstrap and N peers, and again every peer a fault restarts: on a 2-core
-machine the imports were a quarter of a 4-peer swarm's CPU for 10 rounds. The zygote (Android's name for
+it), and about one more when its first optimizer imports torch._dynamo. `gradnode simulate` starts a bootstrap
+and N peers, and again every peer a fault restarts: on a 2-core machine the imports were a quarter of a 4-peer
+swarm's CPU for 10 rounds. The zygote (Android's name for
 the same trick) imports them once and forks a child per process: the child starts its own session (its
 process group, which a kill -9 takes down with its DHT process and daemon), writes to its own log, and runs
 the CLI command as `python -m gradnode.node.cli ARGS` would, exiting through the interpreter's normal exit

@@ -204,7 +204,8 @@ class Swarm:
             z = zygote.Zygote(env, self.s.out_dir / "zygote.log")
             self.zygote = z if z.start() else False
             if self.zygote is False:
-                log.warning("the zygote does not serve (see %s): processes start one by one", self.s.out_dir / "zygote.log")
+                log.warning("the zygote does not serve (see %s): processes start one by one",
+                            self.s.out_dir / "zygote.log")
                 z.close()
         if not isinstance(self.zygote, zygote.Zygote):
             return None

@@ -4,11 +4,10 @@ A peer's process spends about two CPU-seconds importing torch and hivemind befor
 `python -X importtime -c "import gradnode.node.swarm.peer"`, 1.8 s alone; more while other peers start beside
 it), and about one more when its first optimizer imports torch._dynamo. `gradnode simulate` starts a bootstrap
 and N peers, and again every peer a fault restarts: on a 2-core machine the imports were a quarter of a 4-peer
-swarm's CPU for 10 rounds. The zygote (Android's name for
-the same trick) imports them once and forks a child per process: the child starts its own session (its
-process group, which a kill -9 takes down with its DHT process and daemon), writes to its own log, and runs
-the CLI command as `python -m gradnode.node.cli ARGS` would, exiting through the interpreter's normal exit
-(threads joined, atexit handlers run).
+swarm's CPU for 10 rounds. The zygote (Android's name for the same trick) imports them once and forks a
+child per process: the child starts its own session (its process group, which a kill -9 takes down with its
+DHT process and daemon), writes to its own log, and runs the CLI command as `python -m gradnode.node.cli ARGS`
+would, exiting through the interpreter's normal exit (threads joined, atexit handlers run).
 
 A fork copies only the state the imports made, all of it the same in a fresh process, with three exceptions
 dealt with here: the global random generators are reseeded in the child (`random` reseeds itself at a fork,
@@ -210,17 +209,21 @@ def _child(run: Callable[[], None], log_path: str, args: list[str]) -> None:
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
     for hook in AFTER_FORK:
-        module, _, function = hook.partition(":")
-        getattr(importlib.import_module(module), function)()
+        _named(hook)()
     sys.argv = ["gradnode", *args]
     run()
     sys.exit(0)  # the interpreter exits as a fresh one would: threads joined, atexit handlers run
 
 
+def _named(spec: str) -> Callable[[], None]:
+    """The function 'module:function' names, imported by name as `python -m` finds it: the simulator sits
+    below the command line and the transport in the layering."""
+    module, _, function = spec.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
 def _serve(entry: str) -> None:
-    # by name, as `python -m` finds it: the simulator sits below the command line in the layering
-    module, _, function = entry.partition(":")
-    run = getattr(importlib.import_module(module), function)
+    run = _named(entry)
     for name in PRELOAD:
         __import__(name)
     if threading.active_count() != 1:  # a fork would copy a lock another thread may hold

@@ -81,9 +81,11 @@ class CpuKernel(Protocol):
     """A faster CPU encoder that writes exactly the bytes encode_tensor writes (registered by the runtime)."""
 
     name: str
+    devices: tuple[str, ...]  # the device types whose tensors it takes: "cpu", and those it copies to the host
 
     def encode(self, flats: Sequence[Tensor], shapes: Sequence[tuple[int, ...]], params: CodecParams) -> list[Encoded]:
-        """Flattened contiguous fp32 CPU tensors (and their shapes) -> one Encoded each; ProtocolError on NaN/Inf."""
+        """Flattened contiguous tensors (and their shapes) -> one Encoded each, its flat_index and values on the
+        tensor's device; ProtocolError on NaN/Inf. CPU tensors come as fp32, the others of any float dtype."""
         ...
 
 
@@ -102,13 +104,16 @@ def cpu_kernel() -> CpuKernel | None:
 
 
 def encode_tensors(tensors: Sequence[Tensor], params: CodecParams) -> list[Encoded]:
-    """encode_tensor over a whole update; CPU tensors go through the registered kernel in one batch."""
+    """encode_tensor over a whole update; the tensors on a device the registered kernel takes go through it in one
+    batch (the native kernel takes CUDA tensors too, in one copy to the host: on the GPU the torch ops below
+    launch thousands of small kernels per update, README's Known limits)."""
     kernel = _cpu_kernel
-    on_cpu = [i for i, t in enumerate(tensors) if t.device.type == "cpu"]
-    if kernel is None or params.dense or not on_cpu:
+    mine = [i for i, t in enumerate(tensors) if kernel is not None and t.device.type in kernel.devices]
+    if params.dense or not mine:
         return [encode_tensor(t, params) for t in tensors]
-    flats = [tensors[i].detach().reshape(-1).float().contiguous() for i in on_cpu]  # exact for bf16/fp16
-    fast = dict(zip(on_cpu, kernel.encode(flats, [tuple(tensors[i].shape) for i in on_cpu], params)))
+    flats = [tensors[i].detach().reshape(-1) for i in mine]
+    flats = [f.float().contiguous() if f.device.type == "cpu" else f for f in flats]  # exact for bf16/fp16
+    fast = dict(zip(mine, kernel.encode(flats, [tuple(tensors[i].shape) for i in mine], params)))
     return [fast[i] if i in fast else encode_tensor(t, params) for i, t in enumerate(tensors)]
 
 

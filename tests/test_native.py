@@ -114,6 +114,27 @@ def test_native_reconstruction_equals_torch(use: native.NativeKernel) -> None:
         assert fast[name].meta == slow[name].meta
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here (runs on a GPU machine)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_cuda_update_is_encoded_on_the_host_into_the_devices_bytes(use: native.NativeKernel,
+                                                                     dtype: torch.dtype) -> None:
+    """A CUDA update goes to the host in one copy and through the kernel: the bytes the torch ops write on the
+    device (and on the CPU), and the kept indices and values back on the device, where the error feedback
+    subtracts them."""
+    update = {name: t.cuda() for name, t in _update(11, dtype).items()}
+    data, fast = encode_with_reconstruction(update, run_id="r", round=3, sender="s")
+    previous = set_cpu_kernel(None)
+    try:
+        slow_data, slow = encode_with_reconstruction(update, run_id="r", round=3, sender="s")
+    finally:
+        set_cpu_kernel(previous)
+    assert data == slow_data == _torch_bytes({name: t.cpu() for name, t in update.items()}, CodecParams())
+    for name, t in update.items():
+        assert fast[name].flat_index.device == fast[name].values.device == t.device, name
+        assert torch.equal(fast[name].flat_index, slow[name].flat_index)
+        assert torch.equal(fast[name].values.view(torch.int32), slow[name].values.view(torch.int32))
+
+
 def test_outputs_survive_later_calls(use: native.NativeKernel) -> None:
     """Output memory is recycled only once the caller has dropped every tensor that views it."""
     _, kept = encode_with_reconstruction(_update(4, torch.float32))

@@ -4,7 +4,8 @@ protocol/ stays pure (it never compiles or loads code); this module finds the sy
 a shared library into a cache keyed by source, compiler and flags (atomic rename, so concurrent peers
 are safe), loads it with ctypes, and calls gradnode.protocol.codec.set_cpu_kernel. Anything missing or
 failing (no compiler, a build error, a wrong ABI) is logged once and the torch path stays in charge:
-slower, same bytes. GRADNODE_NATIVE=0 turns it off; GRADNODE_CACHE moves the cache.
+slower, same bytes. It encodes CUDA updates too, after one copy to the host (torch's ops on the GPU are 19x
+slower on an H100). GRADNODE_NATIVE=0 turns it off; GRADNODE_CACHE moves the cache.
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ class NativeKernel:
 
     name = "native"
 
+    devices = ("cpu", "cuda")  # a CUDA update is copied to the host in one transfer, encoded, and its kept
+    # indices and values copied back: 9.3 GB/s on an H100 with 16 threads, 0.49 with torch's ops on the GPU
+
     def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
         self.lib, self.path = lib, path
         self.openmp = bool(lib.gn_openmp())
@@ -74,6 +78,23 @@ class NativeKernel:
             buf = torch.empty(max(numel, 1), dtype=dtype)
             setattr(self._local, name, buf)
         return buf
+
+    def _staged(self, flats: Sequence[Tensor]) -> list[Tensor]:
+        """The flats as contiguous fp32 CPU tensors: those on another device in one copy into pinned memory this
+        thread reuses (pinned: 54 GB/s on an H100 against 11 from pageable memory; pinning it costs more)."""
+        remote = [i for i, f in enumerate(flats) if f.device.type != "cpu"]
+        if not remote:
+            return list(flats)
+        big = torch.cat([flats[i].float() for i in remote])
+        buf = getattr(self._local, "pinned", None)
+        if buf is None or buf.numel() < big.numel():
+            buf = self._local.pinned = torch.empty(big.numel(), dtype=torch.float32, pin_memory=True)
+        host = buf[:big.numel()]
+        host.copy_(big)
+        out = list(flats)
+        for i, part in zip(remote, host.split([flats[i].numel() for i in remote])):
+            out[i] = part
+        return out
 
     def _arena(self, nbytes: int) -> Tensor:
         """Memory for flat indices and values (which escape to the caller), reused once nothing refers to it.
@@ -93,7 +114,8 @@ class NativeKernel:
         return torch.frombuffer(pool[-1], dtype=torch.uint8)
 
     def encode(self, flats: Sequence[Tensor], shapes: Sequence[tuple[int, ...]], params: CodecParams) -> list[Encoded]:
-        plans = [_plan(flat, shape, params) for flat, shape in zip(flats, shapes)]
+        devices = [flat.device for flat in flats]
+        plans = [_plan(flat, shape, params) for flat, shape in zip(self._staged(flats), shapes)]
         n, n_levels, total_sel = len(plans), 1 << (params.bits - 1), sum(p.n_sel for p in plans)
         rows = [[g.offset, g.stride, g.a, g.h, g.b, g.w] for p in plans for g in p.groups]
         geometry = torch.tensor(rows or [[0] * 6], dtype=torch.int64)
@@ -129,6 +151,8 @@ class NativeKernel:
             meta: dict = {"levels": level_bytes[4 * n_levels * i:4 * n_levels * (i + 1)]}
             if params.index_coding == "rice":
                 meta["r"], meta["ubits"] = spec.rice_r, spec.rice_ubits
+            if devices[i].type != "cpu":
+                index, vals = index.to(devices[i]), vals.to(devices[i])
             encoded.append(Encoded(meta, [next(sections) for _ in range(spec.n_sections)], index, vals))
         return encoded
 

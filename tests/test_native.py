@@ -135,6 +135,25 @@ def test_a_cuda_update_is_encoded_on_the_host_into_the_devices_bytes(use: native
         assert torch.equal(fast[name].values.view(torch.int32), slow[name].values.view(torch.int32))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here (runs on a GPU machine)")
+def test_a_cuda_update_is_staged_in_pageable_memory_when_pinning_is_refused(use: native.NativeKernel,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    empty = torch.empty
+
+    def refuse_pinning(*args, pin_memory: bool = False, **kwargs):  # type: ignore[no-untyped-def]
+        if pin_memory:
+            raise RuntimeError("pinning refused")
+        return empty(*args, **kwargs)
+
+    use._local.__dict__.pop("pinned", None)  # this thread's staging memory, if an earlier test made it
+    monkeypatch.setattr(torch, "empty", refuse_pinning)
+    update = _update(12, torch.float32)
+    data = encode_update({name: t.cuda() for name, t in update.items()}, run_id="r", round=3, sender="s")
+    assert data == _torch_bytes(update, CodecParams())
+    assert not use._local.pinned.is_pinned()
+    use._local.__dict__.pop("pinned")
+
+
 def test_outputs_survive_later_calls(use: native.NativeKernel) -> None:
     """Output memory is recycled only once the caller has dropped every tensor that views it."""
     _, kept = encode_with_reconstruction(_update(4, torch.float32))

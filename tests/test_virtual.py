@@ -11,8 +11,8 @@ import pytest
 
 from gradnode.node.sim import virtual
 
-# CI's depth: the sweeps below run about 950 seeded scenarios in about 70 CPU-seconds alone (issue 23: at least
-# 500 within 2 minutes). GRADNODE_SIM_DEPTH=K runs K times as many seeds of every sweep, for a deeper search
+# CI's depth: the sweeps below run about 900 seeded scenarios in 63 CPU-seconds alone (issue 23: at least 500
+# within 2 minutes). GRADNODE_SIM_DEPTH=K runs K times as many seeds of every sweep, for a deeper search
 # before a change to the round's rules (K=2 is the depth of stops 28-36: 1,848 scenarios, 131 CPU-seconds).
 DEPTH = float(os.environ.get("GRADNODE_SIM_DEPTH", "1"))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm import transport
 from gradnode.node.swarm.identity import load_or_create
-from gradnode.node.swarm.transport import Transport
+from gradnode.node.swarm.transport import Transport, TransportError
 
 pytestmark = pytest.mark.swarm
 
@@ -284,3 +285,30 @@ def test_a_key_another_process_runs_is_named_and_simulate_can_skip_the_check(tri
         assert twin.peer_id == b.peer_id
     finally:
         twin.close()
+
+
+def test_an_initial_peer_whose_dht_does_not_answer_is_unanswered_not_a_fault(tmp_path: Path) -> None:
+    """An initial peer whose libp2p daemon answers but whose DHT does not (a bootstrap still starting, or too busy
+    to answer a ping in time): nobody answered, which a starting peer tries again for swarm.connect_timeout_s
+    (Peer._connect), in the words of a silent address. Before, hivemind's words ("DHTNode bootstrap failed") read
+    as a fault of the peer's own: it gave up at once, and in a flake hunt the other five peers of a test swarm
+    then waited for it to the test's end."""
+    import asyncio
+
+    from hivemind.p2p import P2P
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    daemon = asyncio.run_coroutine_threadsafe(  # a daemon with no DHT on it
+        P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"], identity_path=str(load_or_create(tmp_path / "d").path)),
+        loop).result(60)
+    try:
+        maddrs = [str(m) for m in asyncio.run_coroutine_threadsafe(daemon.get_visible_maddrs(), loop).result(30)]
+        peer = Transport(SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=maddrs),
+                         load_or_create(tmp_path / "p"))
+        with pytest.raises(TransportError) as err:
+            peer.start(timeout=30)
+        assert err.value.unanswered and str(err.value).startswith("no initial peer answered"), str(err.value)
+    finally:
+        asyncio.run_coroutine_threadsafe(daemon.shutdown(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)

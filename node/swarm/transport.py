@@ -66,7 +66,14 @@ class TransportError(ValueError):
         self.unanswered = unanswered
 
 
-_UNANSWERED = "failed to connect to bootstrap peers"  # the daemon's words when no initial peer answered
+# the words of hivemind's start when no initial peer answered: its daemon reached none, or reached one whose DHT did
+# not answer a ping (a bootstrap still starting, or too busy to answer in time: a flake hunt saw a peer of a test
+# swarm give up so, and the others wait for it to the test's end)
+_UNANSWERED = ("failed to connect to bootstrap peers", "none of the initial_peers responded to a ping")
+
+
+def _unanswered(text: str) -> bool:
+    return any(words in text for words in _UNANSWERED)
 
 
 def fresh_locks() -> None:
@@ -89,7 +96,7 @@ def fresh_locks() -> None:
 def explain_start_failure(err: BaseException, initial: list[str], hosts: list[str]) -> str:
     """One line for a libp2p daemon that did not start, in the user's terms (not the daemon's)."""
     text = str(err)
-    if _UNANSWERED in text:
+    if _unanswered(text):
         return (f"no initial peer answered ({', '.join(initial)}): check that a gradnode bootstrap or peer runs "
                 "there, that the address, port and /p2p/ id are the ones it printed, and that no firewall blocks it")
     if "is already taken by another peer" in text:
@@ -286,7 +293,7 @@ class Transport:
             except Exception as err:  # the daemon's own words read like a local fault: say what to check
                 shutil.rmtree(self._sockdir, ignore_errors=True)
                 raise TransportError(explain_start_failure(err, initial, hosts),
-                                     unanswered=_UNANSWERED in str(err)) from err
+                                     unanswered=_unanswered(str(err))) from err
             self._thread.start()
             self._p2p = self._run(self._dht.replicate_p2p(), timeout)
         if not self.cfg.client_mode:

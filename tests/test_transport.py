@@ -294,14 +294,19 @@ def test_an_initial_peer_whose_dht_does_not_answer_is_unanswered_not_a_fault(tmp
     as a fault of the peer's own: it gave up at once, and in a flake hunt the other five peers of a test swarm
     then waited for it to the test's end."""
     import asyncio
+    import shutil
+    import tempfile
 
     from hivemind.p2p import P2P
 
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
-    daemon = asyncio.run_coroutine_threadsafe(  # a daemon with no DHT on it
-        P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"], identity_path=str(load_or_create(tmp_path / "d").path)),
-        loop).result(60)
+    sockets = tempfile.mkdtemp(prefix="gn-p2p-")  # short (unix socket paths), as a transport makes its own
+    with transport._SOCKET_PREFIX_LOCK:  # hivemind's class-wide prefix, which the last transport set to its own
+        P2P._UNIX_SOCKET_PREFIX = f"/unix{sockets}/hivemind-"
+        daemon = asyncio.run_coroutine_threadsafe(  # a daemon with no DHT on it
+            P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"], identity_path=str(load_or_create(tmp_path / "d").path)),
+            loop).result(60)
     try:
         maddrs = [str(m) for m in asyncio.run_coroutine_threadsafe(daemon.get_visible_maddrs(), loop).result(30)]
         peer = Transport(SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=maddrs),
@@ -312,3 +317,4 @@ def test_an_initial_peer_whose_dht_does_not_answer_is_unanswered_not_a_fault(tmp
     finally:
         asyncio.run_coroutine_threadsafe(daemon.shutdown(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
+        shutil.rmtree(sockets, ignore_errors=True)

@@ -23,11 +23,10 @@ os.environ.setdefault("GRADNODE_TESTS_SESSION", SESSION_TMP)
 os.environ["TMPDIR"] = SESSION_TMP
 tempfile.tempdir = None  # re-read TMPDIR
 
-# The suite runs on three xdist workers (pyproject: -n 3; on 2 cores a third worker fills the cores while the swarms
-# wait: 481 -> 452 s at stop 37). The process tests (a test marked swarm or process: the files of PROCESS_FILES)
-# run on one worker, one test after another, in the order below. The other two run the process tests of BESIDE
-# first, a file at a time, then the pure tests a file at a time (its module fixtures start once), and the
-# simulator's seeded sweeps test by test. Swarms that need the CPU never run at once (two
+# The suite runs on two xdist workers (pyproject: -n 2). The process tests (a test marked swarm or process: the
+# files of PROCESS_FILES) run on one worker, one test after another, in the order below. The other worker runs
+# the process tests of BESIDE first, a file at a time, then the pure tests a file at a time (its module fixtures
+# start once), and the simulator's seeded sweeps test by test. Swarms that need the CPU never run at once (two
 # paced by sleeping do: see BESIDE): beside the mix of adversaries, the paced peers of the partition test fell
 # far enough behind for the others to finish the run without them (seen once, in a trial that spread the swarm
 # tests over both workers). The order: the process tests that leave a core idle first, the swarms that need both
@@ -36,13 +35,13 @@ PROCESS_FILES = ("test_partition.py", "test_swarm_faults.py", "test_transport.py
                  "test_admission.py", "test_cli.py", "test_netns.py", "test_genesis.py", "test_eval.py",
                  "test_observe.py", "test_swarm.py", "test_elastic.py", "test_adversaries.py")
 # Process tests that use little CPU for their time (CPU-seconds of all their processes over wall seconds, measured
-# test by test at stops 33 and 37): they run on the other workers while the first of the serial ones run (the
-# partition's peers, paced by sleeping: 96-118 CPU-s in 116-144 s). The straggler's swarm first (paced too: 23-33
-# CPU-s in 49-57 s alone), then transports, single processes and two-peer swarms (the trickling holder: 2.2 CPU-s in
-# 24 s; admission 16 CPU-s in 24 s, genesis 13 in 16). Measured on the whole suite at stop 33: each worker busy for
-# 638 and 653 s, the suite 659 s; before, 720 s (all process tests on one worker) and 256 s, the suite 755 s.
+# test by test at stop 33): they run on the other worker while the first of the serial ones run (the partition's
+# peers, paced by sleeping: 118 CPU-s in 144 s). The straggler's swarm first (paced too: 33 CPU-s in 57 s alone,
+# 39 in 96 beside the partition), then transports and single processes (the trickling holder: 2.5 CPU-s in 25 s).
+# Measured on the whole suite: each worker busy for 638 and 653 s, the suite 659 s; before, 720 s (all process
+# tests on one worker) and 256 s, the suite 755 s.
 BESIDE = ("test_swarm_faults.py", "test_transport.py", "test_agreement.py", "test_cli.py", "test_eval.py",
-          "test_admission.py", "test_genesis.py", "test_partition.py::test_a_peer_alone_waits_for_its_run_and_says_so")
+          "test_partition.py::test_a_peer_alone_waits_for_its_run_and_says_so")
 SPREAD = ("test_virtual.py",)
 
 

@@ -37,9 +37,10 @@ PROCESS_FILES = ("test_partition.py", "test_swarm_faults.py", "test_transport.py
 # Process tests that use little CPU for their time (CPU-seconds of all their processes over wall seconds, measured
 # test by test at stop 33): they run on the other worker while the first of the serial ones run (the partition's
 # peers, paced by sleeping: 118 CPU-s in 144 s). The straggler's swarm first (paced too: 33 CPU-s in 57 s alone,
-# 39 in 96 beside the partition), then transports and single processes (the trickling holder: 2.5 CPU-s in 25 s).
-# Measured on the whole suite: each worker busy for 638 and 653 s, the suite 659 s; before, 720 s (all process
-# tests on one worker) and 256 s, the suite 755 s.
+# 39 in 96 beside the partition; since stop 38 with the client-mode peer and the graceful leave in it, 30 CPU-s in
+# 40 s alone), then transports and single processes (the trickling holder: 2.5 CPU-s in 25 s). Measured on the
+# whole suite: each worker busy for 638 and 653 s, the suite 659 s; before, 720 s (all process tests on one
+# worker) and 256 s, the suite 755 s.
 BESIDE = ("test_swarm_faults.py", "test_transport.py", "test_agreement.py", "test_cli.py", "test_eval.py",
           "test_partition.py::test_a_peer_alone_waits_for_its_run_and_says_so")
 SPREAD = ("test_virtual.py",)

@@ -100,7 +100,7 @@ def test_a_mix_of_adversaries_moves_no_honest_peer_and_counts_for_little(run_swa
     is caught or screened depends on the schedule: not asserted. (The rules' other kinds, inflated tokens and
     dense updates, are refused by the same path as the replay: tests/test_rules.py builds each payload with
     the adversary's own code and checks the rules refuse it.)"""
-    rounds = 10
+    rounds = 8
     summary, peers = adversaries(run_swarm, ["equivocate", "sybilvotes", "crossrun", "signflip", "freerider"], rounds,
                                  honest=4)
     run = summary_dir(summary)

@@ -1,6 +1,6 @@
 """The elastic swarm: crash and restart, late joins, bad state offers (tampered, claimed far ahead; poisoned
-momentum: test_engine.py), a replayed leaving record, client-mode peers, graceful leave, and the fault-schedule
-grammar of `gradnode simulate --faults`."""
+momentum: test_engine.py), a replayed leaving record, and the fault-schedule grammar of `gradnode simulate
+--faults` (client-mode peers and a graceful leave: tests/test_swarm_faults.py)."""
 
 from __future__ import annotations
 
@@ -292,23 +292,6 @@ def test_kill_restart_stop_late_join_bootstrap_loss_and_a_replayed_leaving_recor
     assert any(included or screened for _, included, screened in own), own
     assert all(screened in HONEST_SCREENS for _, _, screened in own), own
     assert summary["val_loss_last"] < summary["val_loss_first"]
-
-
-@pytest.mark.swarm
-def test_client_mode_peer_contributes_and_graceful_leave(run_swarm, metrics_of) -> None:
-    """A peer that accepts no connections pushes its updates to reachable peers, which serve them on; a
-    peer stopped with SIGTERM announces its departure and the others carry on without it."""
-    summary = run_swarm(peers=4, rounds=6, faults="client:3,stop:2@r3")
-    peers = summary["peers"]
-    client = peers[3]
-    assert "error" not in client and client["rounds"] == 6
-    assert client["param_hash"] == peers[0]["param_hash"] == peers[1]["param_hash"]
-    rows = metrics_of(summary, 0)
-    # its updates were served on by the peers it pushed to and counted (in most rounds on an idle machine)
-    assert any(client["peer"] in row["senders"] for row in rows), rows
-    leaver = peers[2]
-    assert "error" not in leaver and leaver["rounds"] < 6  # left early, cleanly, with a summary
-    assert all(leaver["peer"] not in row["senders"] for row in rows[leaver["rounds"] + 1:])
 
 
 def test_adversary_faults_need_no_round_and_name_the_role() -> None:

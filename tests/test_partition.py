@@ -36,8 +36,8 @@ def rounds_to_agree(summary: dict, after: int) -> int | None:
 # would report on, while the other pair ran to the end), fixed in the node with the rules the simulator
 # found (node/SWARM.md, "Healed splits").
 def test_a_split_swarm_merges_onto_one_hash_after_the_heal(run_swarm) -> None:
-    """4 peers split 2|2 at round 3 (the bootstrap with the first group) and train on as two swarms; the
-    network heals at round 12. The peers dial the ones they lost from their address books, see two chains,
+    """4 peers split 2|2 at round 2 (the bootstrap with the first group) and train on as two swarms; the
+    network heals at round 8. The peers dial the ones they lost from their address books, see two chains,
     and the one followed by fewer peers (a tie here: the group without the lowest peer id) adopts the
     other's state, keeping its own unsent progress. A peer left rounds behind while the others merge gives
     its round up once every other trainer is past it, and re-syncs (before Agreement._passed_by it waited
@@ -52,15 +52,15 @@ def test_a_split_swarm_merges_onto_one_hash_after_the_heal(run_swarm) -> None:
     belongs to the deterministic simulator, where a round is not a wall-clock figure."""
     if not netns.available()[0]:
         pytest.skip(f"network namespaces unavailable: {netns.available()[1]}")
-    summary = run_swarm(peers=4, rounds=40, faults="partition:0,1|2,3@r3,heal@r12", extra=PACED,
+    summary = run_swarm(peers=4, rounds=34, faults="partition:0,1|2,3@r2,heal@r8", extra=PACED,
                         timeout_s=500, link="auto")
     assert summary["partition"] == "netns"
     peers = summary["peers"]
     assert summary["live_peers"] == 4 and summary["identical_hashes"], explain(summary)
     # the split was real: in some round of it the two groups held two different states
-    split = [r for r in range(3, 12) if len({p["hashes"].get(str(r)) for p in peers} - {None}) > 1]
+    split = [r for r in range(2, 8) if len({p["hashes"].get(str(r)) for p in peers} - {None}) > 1]
     assert split, explain(summary)
-    took = rounds_to_agree(summary, 12)
+    took = rounds_to_agree(summary, 8)
     assert took is not None, f"not on one hash for the rest of the run after the heal\n{explain(summary)}"
     # the losing pair adopted the winning chain (a peer left rounds behind may take a newer state instead)
     assert sum(p["resyncs"] + p["state_downloads"] for p in peers) >= 2, explain(summary)

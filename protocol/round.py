@@ -21,8 +21,9 @@ decide    The set is what a strict majority of the counted reports lists (protoc
           window)``); past it, it asks the missing witnesses for their reports directly (``AskWitnesses``,
           once a window); with no eligible witness heard two windows past the grace, the live trainers'
           reports count instead ('live fallback'); with none of those either and every other trainer two
-          rounds ahead, the round is given up ('passed by'); ``max_wait_s`` after the report, whatever was
-          counted stands ('max wait').
+          rounds ahead, the round is given up ('passed by'), as it is at the grace's end by a peer that is
+          leaving with no report to count and no other trainer in sight ('all left'); ``max_wait_s`` after
+          the report, whatever was counted stands ('max wait').
 settle    Just before applying, the reports are counted again as they stand (``settle``): a report that came
           after the grace period is in by then for every peer that received it.
 
@@ -232,7 +233,7 @@ class AskWitnesses:
 class Decided:
     fps: bytes | None  # None: no report counted (the round is undecided for now)
     witnesses: int
-    how: str  # 'all reported', 'grace', 'asked', 'live fallback', 'passed by', 'max wait'
+    how: str  # 'all reported', 'grace', 'asked', 'live fallback', 'passed by', 'all left', 'max wait'
 
 
 @dataclass(frozen=True)
@@ -282,6 +283,7 @@ class RoundCore:
     reported_at: float = 0.0
     asked_at: float = -math.inf
     live_fallback: bool = False
+    leaving: bool = False  # this peer announced its departure (stop_reporting)
     decided: Decided | None = None
     witness: bool | None = None
     # the witness rule (protocol/witness.py); the simulator passes one that remembers its counts, as every peer of
@@ -299,7 +301,7 @@ class RoundCore:
 
     def stop_reporting(self) -> None:
         """The peer announced its departure: it publishes no report from now on (one published stands)."""
-        self.witness = False
+        self.witness, self.leaving = False, True
 
     def published(self, now: float) -> None:
         """The shell finished publishing this peer's report at ``now`` (a slow DHT store can take seconds): the
@@ -493,6 +495,11 @@ class RoundCore:
         waiting = set(self.eligible) - set(self.reports) - self._absent() - {self.me}
         if counted and (not waiting or now >= grace_end):
             return self._end("all reported" if not waiting else "grace")
+        if not counted and self.leaving and now >= grace_end and not set(self.view.live) - {self.me}:
+            # leaving, and so is every other trainer in sight (a whole swarm stopped at once: Ctrl+C on `gradnode
+            # simulate`, `docker compose down`): nobody is left to report on this round. Waiting out max_wait_s
+            # outlasted the grace a supervisor gives before it kills (10 s), and the checkpoint was lost
+            return self._end("all left")
         if not counted and now >= grace_end + self.window:
             self.live_fallback = True
             if self._counted():

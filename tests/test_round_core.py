@@ -174,6 +174,35 @@ def test_a_round_nobody_on_our_chain_will_report_on_is_given_up() -> None:
     assert c.decided is not None and c.decided.how == "passed by"
 
 
+def test_a_leaving_peer_gives_its_last_round_up_once_every_other_trainer_left_too() -> None:
+    """A whole swarm stopped at once (Ctrl+C on `gradnode simulate`, `docker compose down`): every peer announced
+    its departure, so nobody reports on the round in flight. A leaving peer with no report to count and no
+    other trainer in sight gives the round up at the grace's end ('all left'), instead of waiting out
+    max_wait_s past the supervisor's grace; one with another trainer still in sight waits for its report."""
+    def leaving_alone(others_train: bool) -> rc.RoundCore:
+        c = core(me="a", eligible=("a", "b", "c"))
+        c.own_update(0.0, "da")
+        c.step(rc.Announced(0.1, "b", 0.1))
+        c.stop_reporting()  # the signal: its 'leaving' record is out
+        live = frozenset("ab" if others_train else "a")
+        c.step(rc.Members(0.5, rc.View(trainers=live - {"a"}, counted=live - {"a"}, present=frozenset("abc"),
+                                       live=live, leaving=frozenset("bc") - live)))
+        if c.phase == "collect":  # b's update is awaited until the deadline's window ends (never verified)
+            c.step(rc.Tick(c.deadline() + c.window))
+        assert c.phase == "deciding" and not c.reports  # it publishes nothing once leaving
+        return c
+
+    c = leaving_alone(others_train=False)
+    grace_end = c.reported_at + max(P.commit_grace_s, c.window) + rc.POLL_S
+    assert not [a for a in c.step(rc.Tick(grace_end - 0.01)) if isinstance(a, rc.Decided)]  # a late report may come
+    out = c.step(rc.Tick(grace_end))
+    assert [(a.how, a.fps) for a in out if isinstance(a, rc.Decided)] == [("all left", None)]
+    c = leaving_alone(others_train=True)  # b trains on: its report is waited for, then counted
+    assert c.step(rc.Tick(c.reported_at + 30.0)) and c.phase == "deciding"
+    out = c.step(rc.ReportSeen(31.0, report("b", ["a", "b"])))
+    assert [a.how for a in out if isinstance(a, rc.Decided)] == ["all reported"]
+
+
 def test_a_key_that_never_sent_holds_no_deadline_off_and_votes_nothing() -> None:
     """Who keeps up and who counts, from the member records in sight (``view_of``): a flood of 'training'
     records of keys that never sent an update (z, y) are trainers, so the round runs to its deadline while

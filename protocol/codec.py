@@ -111,8 +111,9 @@ def encode_tensors(tensors: Sequence[Tensor], params: CodecParams) -> list[Encod
     mine = [i for i, t in enumerate(tensors) if kernel is not None and t.device.type in kernel.devices]
     if params.dense or not mine:
         return [encode_tensor(t, params) for t in tensors]
-    flats = [tensors[i].detach().reshape(-1) for i in mine]
-    flats = [f.float().contiguous() if f.device.type == "cpu" else f for f in flats]  # exact for bf16/fp16
+    # on the CPU as contiguous fp32 (exact for bf16/fp16); a CUDA tensor as it is (the kernel copies it to the host)
+    flats = [f.float().contiguous() if f.device.type == "cpu" else f
+             for f in (tensors[i].detach().reshape(-1) for i in mine)]
     fast = dict(zip(mine, kernel.encode(flats, [tuple(tensors[i].shape) for i in mine], params)))
     return [fast[i] if i in fast else encode_tensor(t, params) for i, t in enumerate(tensors)]
 

@@ -52,7 +52,7 @@ def test_a_split_swarm_merges_onto_one_hash_after_the_heal(run_swarm) -> None:
     belongs to the deterministic simulator, where a round is not a wall-clock figure."""
     if not netns.available()[0]:
         pytest.skip(f"network namespaces unavailable: {netns.available()[1]}")
-    summary = run_swarm(peers=4, rounds=34, faults="partition:0,1|2,3@r2,heal@r8", extra=PACED,
+    summary = run_swarm(peers=4, rounds=30, faults="partition:0,1|2,3@r2,heal@r8", extra=PACED,
                         timeout_s=500, link="auto")
     assert summary["partition"] == "netns"
     peers = summary["peers"]

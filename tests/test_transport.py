@@ -307,6 +307,7 @@ def test_an_initial_peer_whose_dht_does_not_answer_is_unanswered_not_a_fault(tmp
         daemon = asyncio.run_coroutine_threadsafe(  # a daemon with no DHT on it
             P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"], identity_path=str(load_or_create(tmp_path / "d").path)),
             loop).result(60)
+    peer = None
     try:
         maddrs = [str(m) for m in asyncio.run_coroutine_threadsafe(daemon.get_visible_maddrs(), loop).result(30)]
         peer = Transport(SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=maddrs),
@@ -315,6 +316,8 @@ def test_an_initial_peer_whose_dht_does_not_answer_is_unanswered_not_a_fault(tmp
             peer.start(timeout=30)
         assert err.value.unanswered and str(err.value).startswith("no initial peer answered"), str(err.value)
     finally:
+        if peer is not None:
+            peer.close()  # whatever its failed start left: its event loop thread, its socket folder
         asyncio.run_coroutine_threadsafe(daemon.shutdown(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         shutil.rmtree(sockets, ignore_errors=True)

@@ -280,14 +280,16 @@ class Sybils:
     def __init__(self, sw: SwarmConfig, run_id: str, output_dir: Path, initial: list[str]) -> None:
         from gradnode.node.swarm.membership import Membership
 
-        self.run_id = run_id
+        self.run_id, self.start = run_id, sw.fault_round  # `--faults flood:P@rN`: from round N on
         self.node, views = _keys_node(sw, output_dir, initial)
         self.members = [Membership(v, v.identity, run_id, sw.record_ttl_s) for v in views]
-        self.publish(0)  # in sight before the first round, and then every heartbeat
+        self.publish(0)  # in sight before the first round (from round 0 on), and then every heartbeat
 
     def publish(self, round_: int) -> None:
         from gradnode.protocol.records import dht_key
 
+        if round_ < self.start:
+            return
         for m in self.members:  # rounds far ahead: always among those that "kept up" (round >= r - 1)
             m.publish(round_=round_ + 1000, training=True, step_seconds=1.0, inner_steps=10, tokens_per_s=1e4,
                       rejected=0, loss=1.0)
@@ -316,6 +318,8 @@ class SybilVoters(Sybils):
     def publish(self, round_: int) -> None:
         from gradnode.protocol.records import WeightHash
 
+        if round_ < self.start:
+            return
         rounds = range(max(0, round_ - 2), round_ + 10)  # heartbeats are seconds apart, rounds faster
         for m in self.members:
             me = m.identity.peer_id

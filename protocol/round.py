@@ -10,7 +10,9 @@ time, ``steps``, and carries out its actions):
 
 collect   Every announced update is fetched and verified (the shell does that; ``Verified``/``FetchEnded``
           say how it went). The round's deadline falls once half the live trainers announced (the
-          anchor): ``window`` seconds after the k-th first sighting, k = ceil(live / 2). Collecting ends
+          anchor): ``window`` seconds after the k-th first sighting, k = ceil(live / 2); in the run's first
+          round, where every 'training' record counts, a round and a window after the first sighting at
+          the latest (keys that cost nothing and never announce would hold it open). Collecting ends
           when every live trainer's update is verified ('everyone'), when a strict majority of the other
           witnesses reported and no fetch is under way ('others reported'), or once the updates announced
           by the deadline are verified or failed, at most one window after it ('deadline'); at the latest
@@ -118,7 +120,8 @@ class View:
     witnesses with a record in sight no more than four rounds behind; ``live``: every training member;
     ``ahead``: training members two or more rounds past this round; ``voting``: the training members whose
     vote holds a round open (Membership.votes: the recent contributors; None: every live one); ``banned``:
-    witnesses proven to equivocate (by this peer or another: never counted again)."""
+    witnesses proven to equivocate (by this peer or another: never counted again); ``fresh``: the run's first round
+    (round 0, nobody contributed yet), so every 'training' record counted."""
 
     trainers: frozenset[str] = frozenset()
     counted: frozenset[str] = frozenset()
@@ -128,6 +131,7 @@ class View:
     ahead: frozenset[str] = frozenset()
     voting: frozenset[str] | None = None
     banned: frozenset[str] = frozenset()
+    fresh: bool = False
 
 
 def view_of(records: Mapping[str, tuple[int, bool]], me: str, round_: int, *, announced: Iterable[str] = (),
@@ -155,7 +159,8 @@ def view_of(records: Mapping[str, tuple[int, bool]], me: str, round_: int, *, an
     return View(trainers=trainers, counted=counted, leaving=frozenset(leaving),
                 present=frozenset({p for p, (r, _) in records.items() if r >= round_ - 4}),
                 live=training, ahead=frozenset({p for p, (r, t) in records.items() if t and r >= round_ + 2}),
-                voting=training & set(voters) if voters else training, banned=frozenset(banned))
+                voting=training & set(voters) if voters else training, banned=frozenset(banned),
+                fresh=anyone and round_ == 0)
 
 
 def pace(times: Mapping[str, float], counted: Collection[str], own: float) -> float:
@@ -424,7 +429,18 @@ class RoundCore:
         return 2 * done > len(others)
 
     def deadline(self) -> float | None:
-        return self._remembered("deadline", lambda: deadline_from(self.first_seen, len(self._live()[1]), self.window))
+        return self._remembered("deadline", self._deadline_now)
+
+    def _deadline_now(self) -> float | None:
+        deadline = deadline_from(self.first_seen, len(self._live()[1]), self.window)
+        if self.view.fresh and self.first_seen:
+            # before anyone contributed every 'training' record counts toward the anchor, and a record costs
+            # nothing to make: keys that never announce would hold the run's first round open until max_wait_s.
+            # It falls at the latest a round and a window after the first announcement (an honest peer that
+            # started up to a round after the first one is still in)
+            latest = min(self.first_seen.values()) + self.round_seconds + self.window
+            deadline = latest if deadline is None else min(deadline, latest)
+        return deadline
 
     def _remembered(self, name: str, compute: Callable[[], Any]) -> Any:
         """``compute()``, or what it gave last while ``_state()`` is the same."""

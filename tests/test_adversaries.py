@@ -78,12 +78,13 @@ def test_a_mix_of_adversaries_moves_no_honest_peer_and_counts_for_little(run_swa
       reports peer 4 signed for one round: it never counts it again, ignores its updates and reports it; the
       others check that proof and do the same;
     - sybilvotes (peer 5) trains honestly and runs 8 more keys (one DHT node of its own) that never send an
-      update but, from round 1 on, report a weight hash nobody holds for every round and publish member records
-      following a chain of those hashes: more votes than the honest peers, one per key. (From round 1: in a
-      fresh run's round 0, before anyone contributed, every 'training' record counts toward the deadline, so
-      free keys hold that round open, a known gap (node/SWARM.md, "Not done yet") that the simulator
-      measures; in this swarm it held the attacker's own round 0 for max_wait_s, forked it, and the run waited
-      for its lone tail.) Weight reports and chains count
+      update but report a weight hash nobody holds for every round and publish member records following a
+      chain of those hashes: more votes than the honest peers, one per key. (In round 0, before anyone
+      contributed, every 'training' record counts toward the deadline: the keys held the attacker's own round
+      0 open for max_wait_s, forked it, and the run waited for its lone tail, until that round's deadline
+      fell a round and a window after the first announcement at the latest, protocol/round.py; the run's
+      round time is each peer's own until it applied a round, node/swarm/membership.py, so the keys cannot
+      stretch that either.) Weight reports and chains count
       one per recent contributor (the shared ledger, wired into the node's Membership), so no honest peer
       finds its hash off the majority or its chain outvoted: none re-syncs towards a state nobody offers
       (counted per key, every honest peer moved every round: the simulator's sybil test shows it);
@@ -105,7 +106,7 @@ def test_a_mix_of_adversaries_moves_no_honest_peer_and_counts_for_little(run_swa
     dense updates, are refused by the same path as the replay: tests/test_rules.py builds each payload with
     the adversary's own code and checks the rules refuse it.)"""
     rounds = 8
-    summary, peers = adversaries(run_swarm, ["equivocate", "sybilvotes@r1", "crossrun", "signflip", "freerider"], rounds,
+    summary, peers = adversaries(run_swarm, ["equivocate", "sybilvotes", "crossrun", "signflip", "freerider"], rounds,
                                  honest=4)
     run = summary_dir(summary)
     assert (run / "genesis.json").exists() and (run / "peer-6" / "earlier-genesis.json").exists()

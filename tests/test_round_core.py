@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -224,6 +226,38 @@ def test_a_key_that_never_sent_holds_no_deadline_off_and_votes_nothing() -> None
     c.step(rc.Members(0.0, rc.view_of({"a": (7, True), "z": (7, True)}, "a", 7, workers={"a"})))
     c.step(rc.Tick(1.0))
     assert c.phase == "collect" and c._live() == ({"z"}, set())
+
+
+def test_keys_that_never_announce_hold_the_first_round_open_for_a_round_and_a_window_at_most() -> None:
+    """Before anyone contributed (round 0) every 'training' record counts toward the deadline's anchor: 4 peers
+    and 8 keys of the attacker's making (they never announce) make k = 6 of 12, never reached. The deadline
+    falls at the latest a round and a window after the first announcement (here 0.5 + 2 + 2), not
+    max_wait_s later; in later rounds the records of keys that never sent count for nothing anyway (above)."""
+    honest = {p: (0, True) for p in ("a", "b", "c", "d")}
+    keys = {f"z{i}": (0, True) for i in range(8)}
+
+    def first_round(view: rc.View) -> rc.RoundCore:
+        c = rc.RoundCore(P, 0, "a", frozenset(), True, "genesis", 2.0, 0.0)
+        c.step(rc.Members(0.0, view))
+        c.own_update(0.5, "da")
+        for s in ("b", "c", "d"):
+            c.step(rc.Announced(1.0, s, 1.0))
+            c.step(rc.Verified(1.1, s, f"d{s}"))
+        return c
+
+    view = rc.view_of(honest | keys, "a", 0)
+    assert view.fresh and len(view.counted) == 11
+    c = first_round(view)
+    assert c.deadline() == 0.5 + 2.0 + 2.0
+    c.step(rc.Tick(4.5))
+    assert c.phase == "deciding" and c.collect_why == "deadline"
+    held = first_round(replace(view, fresh=False))  # the rule before: the anchor alone
+    assert held.deadline() is None
+    held.step(rc.Tick(59.9))
+    assert held.phase == "collect"
+    c = first_round(rc.view_of(honest, "a", 0))  # honest peers alone: the anchor falls first, as before
+    assert c.deadline() == 1.0 + 2.0
+    assert not rc.view_of(honest | keys, "a", 1).fresh  # a later round: never (a key counts once it sent)
 
 
 def test_the_pace_is_the_lower_median_of_the_counted_trainers() -> None:

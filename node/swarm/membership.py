@@ -232,10 +232,14 @@ class Membership:
         return set(v.trainers), set(v.counted)
 
     def round_seconds(self, own: float) -> float:
-        """The swarm's round time from the counted live training peers' records (protocol/round.py ``pace``)."""
+        """The swarm's round time from the counted live training peers' records (protocol/round.py ``pace``): the
+        senders of the last round this peer applied. Before it applied one (the run's first round, a restart, a
+        join) it knows no contributor and paces on its own round time: a record costs nothing to make, and keys
+        claiming hours per step would stretch the round's window (and the first round's latest deadline,
+        ``RoundCore.deadline``) as far as they like."""
         members = self.members()
         return core.pace({p: m.step_seconds * m.inner_steps for p, m in members.items() if m.training},
-                         set(self.workers()) or set(members), own)
+                         set(self.workers()), own)
 
     def sources(self, peer_ids: list[str]) -> list[tuple[str, list[str]]]:
         """(peer id, maddrs) to fetch from; client-mode peers are left out (nobody can dial them)."""

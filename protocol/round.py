@@ -437,7 +437,7 @@ class RoundCore:
             # before anyone contributed every 'training' record counts toward the anchor, and a record costs
             # nothing to make: keys that never announce would hold the run's first round open until max_wait_s.
             # It falls at the latest a round and a window after the first announcement (an honest peer that
-            # started up to a round after the first one is still in)
+            # started up to a round and a window after the first one, its record in sight by then, is still in)
             latest = min(self.first_seen.values()) + self.round_seconds + self.window
             deadline = latest if deadline is None else min(deadline, latest)
         return deadline

@@ -295,15 +295,12 @@ def test_an_initial_peer_whose_dht_does_not_answer_is_unanswered_not_a_fault(tmp
     then waited for it to the test's end."""
     import asyncio
     import shutil
-    import tempfile
 
     from hivemind.p2p import P2P
 
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
-    sockets = tempfile.mkdtemp(prefix="gn-p2p-")  # short (unix socket paths), as a transport makes its own
-    with transport._SOCKET_PREFIX_LOCK:  # hivemind's class-wide prefix, which the last transport set to its own
-        P2P._UNIX_SOCKET_PREFIX = f"/unix{sockets}/hivemind-"
+    with transport.socket_folder() as sockets:  # as a transport's: hivemind's prefix, which the last one set
         daemon = asyncio.run_coroutine_threadsafe(  # a daemon with no DHT on it
             P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"], identity_path=str(load_or_create(tmp_path / "d").path)),
             loop).result(60)

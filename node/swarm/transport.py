@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import errno
 import functools
 import logging
@@ -24,7 +25,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import hivemind
 import msgpack
@@ -47,6 +48,17 @@ _HEADER = struct.Struct(">BQ")  # status, length
 _MAX_REQUEST = 1024
 _MAX_DHT_VALUE = 32 * 1024
 _SOCKET_PREFIX_LOCK = threading.Lock()  # hivemind reads the socket folder from a class attribute
+
+
+@contextlib.contextmanager
+def socket_folder() -> Iterator[str]:
+    """A new folder in the temp folder for a libp2p daemon's unix sockets (its name short: socket paths are capped
+    at 107 bytes), hivemind's class-wide socket prefix while the block runs (under a lock: a daemon reads it as it
+    starts). The caller removes the folder."""
+    folder = tempfile.mkdtemp(prefix="gn-p2p-")
+    with _SOCKET_PREFIX_LOCK:
+        P2P._UNIX_SOCKET_PREFIX = f"/unix{folder}/hivemind-"
+        yield folder
 # A peer that cannot be reached (a split network drops packets: nothing is refused, everything hangs)
 # must cost one attempt, not a whole deadline: opening a stream, and every piece of a transfer, is bounded.
 _OPEN_S = 5.0
@@ -285,9 +297,7 @@ class Transport:
         # is /tmp itself), removed on close and after a failed start; `simulate` sets TMPDIR to one folder
         # per run, removed at its end, so that peers killed with -9 leave nothing behind either
         _check_ports_free(hosts)  # the daemon would only say so after its whole startup timeout
-        self._sockdir = tempfile.mkdtemp(prefix="gn-p2p-")
-        with _SOCKET_PREFIX_LOCK:
-            P2P._UNIX_SOCKET_PREFIX = f"/unix{self._sockdir}/hivemind-"
+        with socket_folder() as self._sockdir:
             try:
                 self._dht = self._start_dht(initial, hosts, timeout)
             except Exception as err:  # the daemon's own words read like a local fault: say what to check

@@ -442,10 +442,11 @@ TestCoreMachine.settings = settings(max_examples=150, stateful_step_count=30, de
 
 def test_the_core_floor_benchmark_runs_every_core_to_a_decision() -> None:
     """scripts/core_floor.py (the cost of a round's events for N real cores, no network): every core gets
-    every other peer's four events and decides."""
+    every other peer's four events and decides, also when a poll brings a core only its own update."""
     import runpy
     from pathlib import Path
 
     floor = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "core_floor.py"))
-    _, events, decided = floor["one_round"](16, 4)
-    assert events == 4 * 16 * 15 and decided == 16
+    for polls in (4, 16):
+        _, events, decided = floor["one_round"](16, polls)
+        assert events == 4 * 16 * 15 and decided == 16, polls

@@ -286,10 +286,13 @@ class Sybils:
         self.publish(0)  # in sight before the first round (from round 0 on), and then every heartbeat
 
     def publish(self, round_: int) -> None:
+        """The keys' records for the attacker's round ``round_``: nothing before the fault's round."""
+        if round_ >= self.start:
+            self._records(round_)
+
+    def _records(self, round_: int) -> None:
         from gradnode.protocol.records import dht_key
 
-        if round_ < self.start:
-            return
         for m in self.members:  # rounds far ahead: always among those that "kept up" (round >= r - 1)
             m.publish(round_=round_ + 1000, training=True, step_seconds=1.0, inner_steps=10, tokens_per_s=1e4,
                       rejected=0, loss=1.0)
@@ -315,11 +318,9 @@ class SybilVoters(Sybils):
     vote per key, they are the majority: honest peers would find their own hash off it and re-sync to a
     state nobody offers, waiting up to swarm.max_wait_s each time, and see their chain outvoted."""
 
-    def publish(self, round_: int) -> None:
+    def _records(self, round_: int) -> None:
         from gradnode.protocol.records import WeightHash
 
-        if round_ < self.start:
-            return
         rounds = range(max(0, round_ - 2), round_ + 10)  # heartbeats are seconds apart, rounds faster
         for m in self.members:
             me = m.identity.peer_id

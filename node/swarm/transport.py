@@ -48,17 +48,6 @@ _HEADER = struct.Struct(">BQ")  # status, length
 _MAX_REQUEST = 1024
 _MAX_DHT_VALUE = 32 * 1024
 _SOCKET_PREFIX_LOCK = threading.Lock()  # hivemind reads the socket folder from a class attribute
-
-
-@contextlib.contextmanager
-def socket_folder() -> Iterator[str]:
-    """A new folder in the temp folder for a libp2p daemon's unix sockets (its name short: socket paths are capped
-    at 107 bytes), hivemind's class-wide socket prefix while the block runs (under a lock: a daemon reads it as it
-    starts). The caller removes the folder."""
-    folder = tempfile.mkdtemp(prefix="gn-p2p-")
-    with _SOCKET_PREFIX_LOCK:
-        P2P._UNIX_SOCKET_PREFIX = f"/unix{folder}/hivemind-"
-        yield folder
 # A peer that cannot be reached (a split network drops packets: nothing is refused, everything hangs)
 # must cost one attempt, not a whole deadline: opening a stream, and every piece of a transfer, is bounded.
 _OPEN_S = 5.0
@@ -86,6 +75,17 @@ _UNANSWERED = ("failed to connect to bootstrap peers", "none of the initial_peer
 
 def _unanswered(text: str) -> bool:
     return any(words in text for words in _UNANSWERED)
+
+
+@contextlib.contextmanager
+def socket_folder() -> Iterator[str]:
+    """A new folder in the temp folder for a libp2p daemon's unix sockets (its name short: socket paths are capped
+    at 107 bytes), hivemind's class-wide socket prefix while the block runs (under a lock: a daemon reads it as it
+    starts). The caller removes the folder."""
+    folder = tempfile.mkdtemp(prefix="gn-p2p-")
+    with _SOCKET_PREFIX_LOCK:
+        P2P._UNIX_SOCKET_PREFIX = f"/unix{folder}/hivemind-"
+        yield folder
 
 
 def fresh_locks() -> None:

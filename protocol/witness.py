@@ -43,6 +43,35 @@ def witnessed(reports: Iterable[bytes]) -> bytes:
     return b"".join(sorted(fp for fp, n in counts.items() if n >= need))
 
 
+class Counts:
+    """``witnessed`` for a caller that counts many multisets of nearly the same reports (every peer of a round
+    counts the round's reports as they reached it: at 512 peers, 512 counts of ~512 reports of ~512
+    fingerprints, 134 million additions a round counted anew). Each count is derived from the nearest of the
+    last few made: their counts, plus the reports added, less those gone. The same bytes as ``witnessed``."""
+
+    def __init__(self, keep: int = 4) -> None:
+        self.keep = keep
+        self._made: list[tuple[Counter[bytes], Counter[bytes]]] = []  # (reports, fingerprint counts), newest last
+
+    def __call__(self, reports: Iterable[bytes]) -> bytes:
+        have = Counter(reports)
+        base: tuple[Counter[bytes], Counter[bytes]] | None = None
+        changed = set(have)  # the reports whose copies differ from the base's (all of them from nothing)
+        for made in self._made:  # the base whose reports differ least from these
+            differ = {fps for fps, _ in have.items() ^ made[0].items()}  # in C: few when they are alike
+            if len(differ) < len(changed):
+                base, changed = made, differ
+        counts = Counter() if base is None else base[1].copy()
+        before = Counter() if base is None else base[0]
+        for fps in changed:
+            copies = have[fps] - before[fps]
+            for fp in set(unpack(fps)):
+                counts[fp] += copies
+        self._made = ([m for m in self._made if m is not base] + [(have, counts)])[-self.keep:]
+        need = quorum(sum(have.values()))
+        return b"".join(sorted(fp for fp, n in counts.items() if n >= need))
+
+
 WITNESS_WINDOW = 8  # rounds: a peer whose update was applied this recently witnesses the next round
 
 

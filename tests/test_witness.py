@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gradnode.protocol.records import fingerprint, pack, unpack
-from gradnode.protocol.witness import quorum, witnessed
+from gradnode.protocol.witness import Counts, quorum, witnessed
 
 UPDATES = [(f"peer{i}", f"{i:064x}") for i in range(12)]
 
@@ -127,3 +127,20 @@ def test_identical_reports_count_as_often_as_they_were_made(sets: list[set[int]]
     expected = {i for i in range(12) if sum(1 for r in reports if i in _set(r)) >= need}
     assert _set(witnessed(reports)) == expected
     assert witnessed(list(reversed(reports))) == witnessed(reports)
+
+
+# reports that differ a little and a lot, one listing an update twice (raw bytes), one empty
+POOL = [_report({0, 1, 2, 3}), _report({0, 1, 2}), _report({1, 2, 3, 4}), _report({5}), _report(set()),
+        _report(set(range(12))), _report({0, 1}) + _report({0}), _report({6, 7, 8, 9})]
+
+
+@settings(max_examples=300)
+@given(st.lists(st.lists(st.integers(0, len(POOL) - 1), max_size=12), max_size=25), st.integers(1, 4))
+def test_counts_derived_from_earlier_ones_give_the_rule_s_set(multisets: list[list[int]], keep: int) -> None:
+    """``Counts`` (each count derived from the nearest of the last ``keep`` made: what the simulator's peers
+    use, every one counting nearly the same reports) gives ``witnessed``'s bytes for any sequence of report
+    multisets: reports added, gone, copied, in any order."""
+    counts = Counts(keep)
+    for picked in multisets:
+        reports = [POOL[i] for i in picked]
+        assert counts(reports) == witnessed(reports)

@@ -59,7 +59,6 @@ takes after a violation until every honest peer holds one hash, or with a partit
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import heapq
 import math
@@ -77,7 +76,7 @@ from gradnode.protocol import sync as sync_rules
 from gradnode.protocol.records import FINGERPRINT_BYTES, pack, resolve
 from gradnode.protocol.reputation import Reputation
 from gradnode.protocol.screening import judge
-from gradnode.protocol.witness import eligible_witnesses, witnessed
+from gradnode.protocol.witness import Counts, eligible_witnesses
 
 TAIL = 4  # rounds of its chain a peer publishes (protocol/chain.py)
 CONTRIBUTOR_ROUNDS = 64  # the contributors ledger's memory (train/engine.py)
@@ -275,10 +274,9 @@ class Simulation:
         self.repairs: list[int] = []  # per re-sync: the round adopted minus the round found off the majority
         self.adopted: list[int] = []  # per re-sync: the round of the state adopted
         self._wakes: dict[tuple[str, int, int], float] = {}
-        # the witness rule, remembering its last counts: every peer of a round counts the same reports (a
-        # multiset of them is counted once; the run's own, gone with it)
-        counted = functools.lru_cache(maxsize=256)(lambda copies: witnessed(f for f, n in copies for _ in range(n)))
-        self._witnessed = lambda reports: counted(frozenset(Counter(reports).items()))
+        # the witness rule, each count derived from the nearest of its last ones: every peer of a round counts
+        # nearly the same reports (the run's own, gone with it)
+        self._witnessed = Counts(keep=8)
         self._batches: dict[int, list[Any]] = {}  # a round core's id -> the events for its peer's next poll
         polls = random.Random(f"{sc.seed}/polls")  # each peer's polls fall at its own phase (a stream of their own)
         self._phase = {q: polls.random() * core.POLL_S for q in self.peers}

@@ -934,20 +934,25 @@ class Simulation:
             self.no_offer += 1
             until = self.now + (FORK_SYNC_S if fork else self.sc.params.max_wait_s)
             p.busy_until = max(p.busy_until, until)
-            self.at(self.now + OFFER_POLL_S, lambda gen=p.gen: self._look_for_offer(p, r, links, until, gen))
+            self.at(self.now + OFFER_POLL_S, lambda gen=p.gen: self._look_for_offer(p, r, links, until, gen, fork))
             return
         self._adopt(p, r, offer)
 
-    def _look_for_offer(self, p: VPeer, r: int, links: set[chain.Link], until: float, gen: int) -> None:
+    def _look_for_offer(self, p: VPeer, r: int, links: set[chain.Link], until: float, gen: int, fork: bool) -> None:
         """p's main loop reads the offers again every OFFER_POLL_S until its look ends (statesync.fetch): one
-        that turns up in reach (a link unclogged, a split healed) is adopted then."""
+        that turns up in reach (a link unclogged, a split healed) is adopted then. A fork's look trusts the chain
+        it set out for (``links``); a hash mismatch's trusts what the records say now (the node's fetch reads the
+        expected hashes afresh at each read: the winners of the look's start move on meanwhile)."""
         if gen != p.gen or not p.alive:
             return
+        if not fork:
+            tails = self._tails(p, with_me=False)
+            links = {link for w in chain.standing(self._tails(p), p.id).winners for link in tails.get(w, ())}
         offer = self._newest_offer(p, links)
         if offer is not None:
             self._adopt(p, r, offer)
         elif self.now + OFFER_POLL_S < until:
-            self.at(self.now + OFFER_POLL_S, lambda: self._look_for_offer(p, r, links, until, gen))
+            self.at(self.now + OFFER_POLL_S, lambda: self._look_for_offer(p, r, links, until, gen, fork))
 
     def _adopt(self, p: VPeer, r: int, offer: Any) -> None:
         """p downloads ``offer`` and runs on from it (its rounds after the offer's are computed again)."""

@@ -689,8 +689,12 @@ class Simulation:
         self._act(p, c, c.step(core.Members(self.now, self._view(p, r))))
         if sender:
             self._act(p, c, c.own_update(self.now, digest))
-        for ev in sorted(p.records_of.get(r, []), key=operator.attrgetter("now")):
-            self._act(p, c, c.step(ev if ev.now >= self.now else _at(ev, self.now)))
+        # what the DHT holds of the round, read at once: the node's first poll of a round reads it all and its core
+        # takes it as one batch (agreement.poll); each record was once a decision of its own, a schedule no node has
+        held = [ev if ev.now >= self.now else _at(ev, self.now)
+                for ev in sorted(p.records_of.get(r, []), key=operator.attrgetter("now"))]
+        if held:
+            self._act(p, c, c.steps(held))
         for old in [k for k in p.records_of if k < r - 2]:
             del p.records_of[old]
             p.announcers_of.pop(old, None)

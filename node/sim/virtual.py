@@ -691,10 +691,10 @@ class Simulation:
             self._act(p, c, c.own_update(self.now, digest))
         # what the DHT holds of the round, read at once: the node's first poll of a round reads it all and its core
         # takes it as one batch (agreement.poll); each record was once a decision of its own, a schedule no node has
-        held = [ev if ev.now >= self.now else _at(ev, self.now)
-                for ev in sorted(p.records_of.get(r, []), key=operator.attrgetter("now"))]
+        # (in the order they came, decided at the poll's time: the core reads an event's own time nowhere else)
+        held = sorted(p.records_of.get(r, []), key=operator.attrgetter("now"))
         if held:
-            self._act(p, c, c.steps(held))
+            self._act(p, c, c.steps([*held, core.Tick(self.now)]))
         for old in [k for k in p.records_of if k < r - 2]:
             del p.records_of[old]
             p.announcers_of.pop(old, None)
@@ -1145,11 +1145,6 @@ def _half(peer: str, round_: int) -> bool:
 
 def _everyone(q: str) -> bool:
     return True
-
-
-def _at(ev: Any, now: float) -> Any:
-    """A buffered event taken at ``now`` (its round opened later than it arrived)."""
-    return type(ev)(**{**ev.__dict__, "now": now})
 
 
 def run(sc: Scenario) -> dict[str, Any]:

@@ -66,7 +66,11 @@ class Counts:
         for fps in changed:
             copies = have[fps] - before[fps]
             for fp in set(unpack(fps)):
-                counts[fp] += copies
+                n = counts[fp] + copies  # never 0 for a fingerprint not counted yet: copies is not 0
+                if n:
+                    counts[fp] = n
+                else:  # gone with the reports that listed it (kept, the counts would grow with every one)
+                    del counts[fp]
         self._made = ([m for m in self._made if m is not base] + [(have, counts)])[-self.keep:]
         need = quorum(sum(have.values()))
         return b"".join(sorted(fp for fp, n in counts.items() if n >= need))

@@ -144,3 +144,15 @@ def test_counts_derived_from_earlier_ones_give_the_rule_s_set(multisets: list[li
     for picked in multisets:
         reports = [POOL[i] for i in picked]
         assert counts(reports) == witnessed(reports)
+
+
+def test_counts_forget_fingerprints_that_no_counted_report_lists() -> None:
+    """A window of 50 reports sliding by one report of 20 new updates a count: each count is derived from the
+    last, and a fingerprint whose reports are all gone leaves the counts (kept at zero, they grew by 20 a
+    count, 60,000 after 3,000 counts, each one copied into the next)."""
+    rng = random.Random(5)
+    counts, window = Counts(), []
+    for _ in range(3000):
+        window = window[-49:] + [b"".join(sorted(rng.randbytes(16) for _ in range(20)))]
+        assert counts(window) == witnessed(window)
+    assert max(len(kept) for _, kept in counts._made) <= 50 * 20

@@ -404,3 +404,29 @@ def test_the_virtual_faults_name_what_is_modelled() -> None:
                         ("censor:1,withhold:1", "has a fault already"), ("censor:0,censor:1", "fewer than half")]:
         with pytest.raises(ValueError, match=words):
             virtual.parse_liars(spec, 8 if "fewer" not in words else 4)
+
+
+def test_a_peer_off_the_majority_looks_for_the_chain_the_others_follow_not_its_own() -> None:
+    """A peer off the majority by its weight hash looks for a state of the chain the other voting trainers
+    follow, read again at each look, and casts no vote itself (statesync.winning_links: its own chain is the
+    one in doubt). p0000 on chain A with p0001; p0002-p0004 on chain B, their links to p0000 clogged, so its
+    look finds no offer at first. Then the links unclog and p0004's record goes: B is followed by 2 others, A
+    by 1. Counting its own vote (2 against 2, A's lowest id) it adopted its own chain's state from p0001."""
+    from gradnode.protocol.reputation import Reputation
+
+    sim = virtual.Simulation(virtual.Scenario(peers=5, rounds=4, seed=0))
+    p = sim.peers["p0000"]
+    chains = {"A": ((0, "a0"), (1, "a1")), "B": ((0, "b0"), (1, "b1"))}
+    p.hashes = {-1: "genesis", **dict(chains["A"])}
+    for q, name in (("p0001", "A"), ("p0002", "B"), ("p0003", "B"), ("p0004", "B")):
+        tail = chains[name]
+        p.records[q] = (0.0, tail, (tail, {-1: "genesis", **dict(tail)}, {0: b"", 1: b""}, {}, Reputation()))
+    sim.clogged = {frozenset(("p0000", q)) for q in ("p0002", "p0003", "p0004")}
+    sim._resync(p, 1, ("p0002", "p0003", "p0004"), fork=False)
+    assert p.hashes[1] == "a1" and sim.no_offer == 1  # B's offers out of reach: it looks again later
+    sim.clogged = set()
+    del p.records["p0004"]
+    while sim._heap and p.resyncs == 0:
+        sim.now, _, fn, args = virtual.heapq.heappop(sim._heap)
+        fn(*args)
+    assert p.resyncs == 1 and p.hashes[1] == "b1", p.hashes

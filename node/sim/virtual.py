@@ -482,8 +482,7 @@ class Simulation:
     def _rejoin(self, p: VPeer, gen: int) -> None:
         if gen != p.gen or not p.alive:
             return
-        tails = self._tails(p, with_me=False)
-        links = {link for w in chain.winner(tails) for link in tails[w]}
+        links = self._winning_links(p)
         own = max(p.applied, default=-1)
         offer = self._newest_offer(p, links, after=own)
         start = own + 1
@@ -928,11 +927,15 @@ class Simulation:
 
     def _resync(self, p: VPeer, r: int, winners: tuple[str, ...], fork: bool) -> None:
         """Adopt the newest state offered in p's sight on the winning chain (an offer whose newest link the
-        winners' tails list, from a peer p can reach now; a tie to the lowest id), as statesync.newest_offers.
-        None: p's main loop looks for one for FORK_SYNC_S (a fork) or max_wait_s (a hash mismatch), as the
+        winners' tails list, from a peer p can reach now; a tie to the lowest id), as statesync.newest_offers:
+        a fork's chain is ``winners``'s, a hash mismatch's the one the others follow (``_winning_links``, read
+        again at each look). None: p's main loop looks for one for FORK_SYNC_S (a fork) or max_wait_s (a hash mismatch), as the
         node's does, then carries on with its own state."""
-        tails = self._tails(p, with_me=False)
-        links = {link for w in winners for link in tails.get(w, ())}
+        if fork:
+            tails = self._tails(p, with_me=False)
+            links = {link for w in winners for link in tails.get(w, ())}
+        else:
+            links = self._winning_links(p)
         offer = self._newest_offer(p, links)
         if offer is None:
             self.no_offer += 1
@@ -942,6 +945,12 @@ class Simulation:
             return
         self._adopt(p, r, offer)
 
+    def _winning_links(self, p: VPeer) -> set[chain.Link]:
+        """The links of the chain most other voting trainers in p's sight follow (statesync.winning_links): a peer
+        looking for a state does not vote, its own chain is the one in doubt."""
+        tails = self._tails(p, with_me=False)
+        return {link for w in chain.winner(tails) for link in tails[w]}
+
     def _look_for_offer(self, p: VPeer, r: int, links: set[chain.Link], until: float, gen: int, fork: bool) -> None:
         """p's main loop reads the offers again every OFFER_POLL_S until its look ends (statesync.fetch): one
         that turns up in reach (a link unclogged, a split healed) is adopted then. A fork's look trusts the chain
@@ -950,8 +959,7 @@ class Simulation:
         if gen != p.gen or not p.alive:
             return
         if not fork:
-            tails = self._tails(p, with_me=False)
-            links = {link for w in chain.standing(self._tails(p), p.id).winners for link in tails.get(w, ())}
+            links = self._winning_links(p)
         offer = self._newest_offer(p, links)
         if offer is not None:
             self._adopt(p, r, offer)

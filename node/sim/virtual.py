@@ -929,8 +929,8 @@ class Simulation:
         """Adopt the newest state offered in p's sight on the winning chain (an offer whose newest link the
         winners' tails list, from a peer p can reach now; a tie to the lowest id), as statesync.newest_offers:
         a fork's chain is ``winners``'s, a hash mismatch's the one the others follow (``_winning_links``, read
-        again at each look). None: p's main loop looks for one for FORK_SYNC_S (a fork) or max_wait_s (a hash mismatch), as the
-        node's does, then carries on with its own state."""
+        again at each look). None: p's main loop looks for one for FORK_SYNC_S (a fork) or max_wait_s (a hash
+        mismatch), as the node's does, then carries on with its own state."""
         if fork:
             tails = self._tails(p, with_me=False)
             links = {link for w in winners for link in tails.get(w, ())}
@@ -954,8 +954,8 @@ class Simulation:
     def _look_for_offer(self, p: VPeer, r: int, links: set[chain.Link], until: float, gen: int, fork: bool) -> None:
         """p's main loop reads the offers again every OFFER_POLL_S until its look ends (statesync.fetch): one
         that turns up in reach (a link unclogged, a split healed) is adopted then. A fork's look trusts the chain
-        it set out for (``links``); a hash mismatch's trusts what the records say now (the node's fetch reads the
-        expected hashes afresh at each read: the winners of the look's start move on meanwhile)."""
+        it set out for (``links``); a hash mismatch's the chain the others follow now (the node's fetch reads it
+        afresh at each read, statesync.newest_offers: the winners of the look's start move on meanwhile)."""
         if gen != p.gen or not p.alive:
             return
         if not fork:

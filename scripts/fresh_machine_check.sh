@@ -2,7 +2,8 @@
 # README.md's two commands, verbatim, on a fresh machine: a throwaway container from a bare
 # python:3.11-slim (no C compiler, no iptables, no matplotlib, no transformers; on these machines
 # ../shared/tools/docker-up.sh provides that image), with a fresh clone of the branch copied in.
-# Prints each command's exit status, time and the tail of its output; exits non-zero if either fails.
+# Prints each command's exit status, time and the tail of its output (a failing command's whole output is
+# kept in $TMPDIR, its path printed); exits non-zero if either fails.
 #   bash scripts/fresh_machine_check.sh [BRANCH]        (default: main)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,7 +43,12 @@ for i in 1 2; do
   secs=$((SECONDS - start))
   echo "[fresh] command $i: exit $rc after $((secs / 60)) min $((secs % 60)) s; last lines:"
   tail -n 25 "$work/out$i.log" | sed 's/^/    /'
-  [ $rc -eq 0 ] || status=1
+  if [ $rc -ne 0 ]; then  # the whole output of a failing command outlives the check (the tail rarely says why)
+    status=1
+    keep="${TMPDIR:-/tmp}/gradnode-fresh-$$-command$i.log"
+    cp "$work/out$i.log" "$keep"
+    echo "[fresh] command $i's whole output: $keep"
+  fi
 done
 echo "[fresh] leftovers in the container's /tmp after both commands:" \
   "$(docker exec "$name" sh -c 'ls /tmp | grep -E "hivemind|pymp|gn-" | wc -l') entries"

@@ -39,7 +39,12 @@ def witnessed(reports: Iterable[bytes]) -> bytes:
         else:
             for fp in set(unpack(fps)):
                 counts[fp] += copies
-    need = quorum(len(reports))
+    return _majority(counts, len(reports))
+
+
+def _majority(counts: Counter[bytes], reports: int) -> bytes:
+    """The fingerprints ``counts`` finds in a strict majority of ``reports`` reports, sorted and concatenated."""
+    need = quorum(reports)
     return b"".join(sorted(fp for fp, n in counts.items() if n >= need))
 
 
@@ -72,8 +77,7 @@ class Counts:
                 else:  # gone with the reports that listed it (kept, the counts would grow with every one)
                     del counts[fp]
         self._made = ([m for m in self._made if m is not base] + [(have, counts)])[-self.keep:]
-        need = quorum(sum(have.values()))
-        return b"".join(sorted(fp for fp, n in counts.items() if n >= need))
+        return _majority(counts, sum(have.values()))
 
 
 WITNESS_WINDOW = 8  # rounds: a peer whose update was applied this recently witnesses the next round

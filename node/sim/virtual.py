@@ -482,9 +482,8 @@ class Simulation:
     def _rejoin(self, p: VPeer, gen: int) -> None:
         if gen != p.gen or not p.alive:
             return
-        links = self._winning_links(p)
         own = max(p.applied, default=-1)
-        offer = self._newest_offer(p, links, after=own)
+        offer = self._newest_offer(p, None, after=own)
         start = own + 1
         if offer is not None:
             tail, hashes, applied, ledger, p.reputation = offer
@@ -914,11 +913,15 @@ class Simulation:
         if act is not None:
             self._resync(p, r, st.winners, fork=act == "fork")
 
-    def _newest_offer(self, p: VPeer, links: set[chain.Link], after: int = -2) -> Any:
+    def _newest_offer(self, p: VPeer, links: set[chain.Link] | None, after: int = -2) -> Any:
         """The newest state offered in p's sight past round ``after`` that the node's rule trusts (protocol/sync.py
-        ``trusted_offers``: its newest link in ``links``, the winning chain's; without links, the hash most
-        offerers give: the simulator keeps no weight-report majority for that fallback), from a peer p can reach
-        now (a tie: the lowest id, as the node's first download group); None without one."""
+        ``trusted_offers``: its newest link in ``links``, the winning chain's; None: the chain the other voting
+        trainers follow now, as statesync.newest_offers reads it, p's own vote left out; no links at all: the hash
+        most offerers give, the simulator keeps no weight-report majority for that fallback), from a peer p can
+        reach now (a tie: the lowest id, as the node's first download group); None without one."""
+        if links is None:
+            tails = self._tails(p, with_me=False)
+            links = {link for w in chain.winner(tails) for link in tails[w]}
         offers = [_Offer(q, t[-1][0] + 1, t[-1][1], offer) for q, (seen, t, offer) in p.records.items()
                   if q != p.id and t and offer is not None and self._fresh(p, q, seen) and t[-1][0] > after
                   and self.peers[q].alive and self._linked(p, self.peers[q])]
@@ -928,43 +931,34 @@ class Simulation:
     def _resync(self, p: VPeer, r: int, winners: tuple[str, ...], fork: bool) -> None:
         """Adopt the newest state offered in p's sight on the winning chain (an offer whose newest link the
         winners' tails list, from a peer p can reach now; a tie to the lowest id), as statesync.newest_offers:
-        a fork's chain is ``winners``'s, a hash mismatch's the one the others follow (``_winning_links``, read
-        again at each look). None: p's main loop looks for one for FORK_SYNC_S (a fork) or max_wait_s (a hash
-        mismatch), as the node's does, then carries on with its own state."""
+        a fork's chain is ``winners``'s, a hash mismatch's the one the others follow (read again at each look,
+        ``_newest_offer``'s links None). None: p's main loop looks for one for FORK_SYNC_S (a fork) or max_wait_s
+        (a hash mismatch), as the node's does, then carries on with its own state."""
+        links = None
         if fork:
             tails = self._tails(p, with_me=False)
             links = {link for w in winners for link in tails.get(w, ())}
-        else:
-            links = self._winning_links(p)
         offer = self._newest_offer(p, links)
         if offer is None:
             self.no_offer += 1
             until = self.now + (FORK_SYNC_S if fork else self.sc.params.max_wait_s)
             p.busy_until = max(p.busy_until, until)
-            self.at(self.now + OFFER_POLL_S, lambda gen=p.gen: self._look_for_offer(p, r, links, until, gen, fork))
+            self.at(self.now + OFFER_POLL_S, lambda gen=p.gen: self._look_for_offer(p, r, links, until, gen))
             return
         self._adopt(p, r, offer)
 
-    def _winning_links(self, p: VPeer) -> set[chain.Link]:
-        """The links of the chain most other voting trainers in p's sight follow (statesync.winning_links): a peer
-        looking for a state does not vote, its own chain is the one in doubt."""
-        tails = self._tails(p, with_me=False)
-        return {link for w in chain.winner(tails) for link in tails[w]}
-
-    def _look_for_offer(self, p: VPeer, r: int, links: set[chain.Link], until: float, gen: int, fork: bool) -> None:
+    def _look_for_offer(self, p: VPeer, r: int, links: set[chain.Link] | None, until: float, gen: int) -> None:
         """p's main loop reads the offers again every OFFER_POLL_S until its look ends (statesync.fetch): one
         that turns up in reach (a link unclogged, a split healed) is adopted then. A fork's look trusts the chain
-        it set out for (``links``); a hash mismatch's the chain the others follow now (the node's fetch reads it
-        afresh at each read, statesync.newest_offers: the winners of the look's start move on meanwhile)."""
+        it set out for (``links``); a hash mismatch's (None) the chain the others follow now (the node's fetch reads
+        it afresh at each read, statesync.newest_offers: the winners of the look's start move on meanwhile)."""
         if gen != p.gen or not p.alive:
             return
-        if not fork:
-            links = self._winning_links(p)
         offer = self._newest_offer(p, links)
         if offer is not None:
             self._adopt(p, r, offer)
         elif self.now + OFFER_POLL_S < until:
-            self.at(self.now + OFFER_POLL_S, lambda: self._look_for_offer(p, r, links, until, gen, fork))
+            self.at(self.now + OFFER_POLL_S, lambda: self._look_for_offer(p, r, links, until, gen))
 
     def _adopt(self, p: VPeer, r: int, offer: Any) -> None:
         """p downloads ``offer`` and runs on from it (its rounds after the offer's are computed again)."""

@@ -14,9 +14,11 @@ What is modelled, and how:
 - The DHT and the streams are one delay per delivery: every record a peer writes reaches each other peer
   ``latency + jitter`` later, and with probability ``late_p`` much later (``late_s``: the DHT hid a stored
   record from one reader for a while, as the real one does); an update is verified once it arrived
-  (``update_bytes / bandwidth`` more). A reader keeps what reached it (a round re-opened after a re-sync
-  reads the same records again). A peer's round core takes what reached it at the peer's polls (every
-  ``round.POLL_S``, at a phase of its own), one poll's events at a time, as the node's agreement feeds it.
+  (``update_bytes / bandwidth`` more). A peer reads what reached it at its polls (every ``round.POLL_S``, at
+  a phase of its own): records, announcements, reports and its fetches' ends, in the order they came, and
+  each of its round cores takes one poll's events as one batch, as the node's agreement feeds its core (a
+  split between reader and writer at the poll loses what came, a clogged link holds it). A reader keeps
+  what reached it (a round re-opened after a re-sync reads the same records again).
 - Member records: every peer publishes the tail of its chain after each round and every heartbeat
   (``min(10 s, record_ttl_s / 3)``); a peer's view of the swarm (``core.View``: who is live, present, two
   rounds ahead) is the records it saw within ``record_ttl_s``, re-read at least every heartbeat while a
@@ -25,7 +27,7 @@ What is modelled, and how:
   of round ``partition_at`` to the first of ``heal_at``: records in flight are lost, the other side's
   records go stale, and each side trains on as its own swarm.
 - A peer's weights are a hash chain: the hash of round r is the hash of round r - 1 and the set applied.
-  After applying round r a peer publishes that hash; the next round it compares its hash of r with the
+  After applying round r a peer publishes that hash, with its member record; the next round it compares its hash of r with the
   majority of the reports it received, groups the tails in its sight by chain (protocol/chain.py), and
   chain.Follow says whether it leaves its chain: then it adopts the newest state a peer of the winning
   chain offers, after a download time, as the node's chores thread and Peer._settle_chores do.
@@ -93,6 +95,7 @@ NOISE = 1.0  # an honest update: the round's true direction (unit) plus noise of
 DRIFT = 0.8  # the cosine of one round's true direction to the last's (the loss surface changes slowly)
 LIFE_ACTIONS = ("kill", "stop", "restart", "join")
 RETRY_S = 1.0  # a lost transfer is noticed and retried this much later (the transport's timeout and retry)
+POLLS_PER_S = 1 / core.POLL_S  # a peer's polls of the DHT a second (it reads what reached it at each, _read_mail)
 POLL_S = 0.5  # how often a computing peer reads the announcements for its stop time (clock.RoundClock.POLL_S)
 
 
@@ -220,6 +223,8 @@ class VPeer:
     # the announcers among them, by round: each one's first sighting (the first Announced of it in records_of)
     announcers_of: dict[int, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
     weights: dict[int, dict[str, str]] = field(default_factory=lambda: defaultdict(dict))  # r -> peer -> hash
+    # what reached it and waits for its next poll, by poll: (time, seq, writer or None, deliver) (_read_mail)
+    mail: dict[int, list[tuple[float, int, Any, Callable[..., None]]]] = field(default_factory=dict)
     waiting: int | None = None  # the round it must apply before announcing the next one
     computed: int = -1  # newest round computed and not yet announced
     resyncs: int = 0
@@ -277,15 +282,18 @@ class Simulation:
         # the witness rule, each count derived from the nearest of its last ones: every peer of a round counts
         # nearly the same reports (the run's own, gone with it)
         self._witnessed = Counts(keep=8)
-        self._batches: dict[int, list[Any]] = {}  # a round core's id -> the events for its peer's next poll
+        self._batch: dict[int, tuple[core.RoundCore, list[Any]]] | None = None  # the poll being read: core id -> events
         polls = random.Random(f"{sc.seed}/polls")  # each peer's polls fall at its own phase (a stream of their own)
         self._phase = {q: polls.random() * core.POLL_S for q in self.peers}
+        # what a broadcast reads of each peer: it, half its link's latency, its polls' phase
+        self._reach = [(q, self.lat[q.id] / 2, self._phase[q.id]) for q in self.peers.values()]
         self.stalled = False
         self.per_round: dict[int, dict[str, int]] = defaultdict(lambda: {"applied": 0, "violations": 0, "resyncs": 0})
         self.group: dict[str, int] | None = None  # peer -> its side while the network is split
         self.healed = False
         self.clogged: set[frozenset[str]] = set()
-        self.held: dict[frozenset[str], list[Callable[[], None]]] = defaultdict(list)
+        # a clogged link's deliveries: (reader, writer, deliver), posted again when it unclogs
+        self.held: dict[frozenset[str], list[tuple[VPeer, VPeer, Callable[[VPeer, float], None]]]] = defaultdict(list)
         self.swizzled = False
         self.unclogged_at = -1.0  # when the last clogged link unclogs (the swizzle's heal)
         self.unclog_round = -1  # the newest round announced then
@@ -355,32 +363,69 @@ class Simulation:
         return (self.group is None or self.group[a.id] == self.group[b.id]) and frozenset((a.id, b.id)) not in self.clogged
 
     def _broadcast(self, src: VPeer, deliver: Callable[[VPeer, float], None]) -> None:
-        """Every other peer gets it after a delay, unless a split cuts the two apart when it would arrive (lost)
-        or their link is clogged then (held until it unclogs)."""
-        # _delay's draws and at()'s pushes, inlined: N - 1 of them per record, the simulator's busiest loop
-        # (now + a delay >= 0 is never before now)
-        now, heap, push, arrive, seq = self.now, self._heap, heapq.heappush, self._arrive, self._seq
+        """Every other peer gets it after a delay, at its first poll since (``_post``)."""
+        # _delay's draws and _post, inlined: N - 1 of them per record, the simulator's busiest loop
         random, jitter, late_p, late_s = self.rng.random, self.sc.jitter_s, self.sc.late_p, self.sc.late_s
-        lat = self.lat
-        mine = lat[src.id]  # every peer has a link (_latency)
-        for q in self.peers.values():
+        ceil, at, read, seq = math.ceil, self.at, self._read_mail, self._seq
+        base = self.now + self.lat[src.id] / 2  # every peer has a link (_latency)
+        for q, half, phase in self._reach:
             if q is not src:
-                d = (mine + lat[q.id]) / 2 + random() * jitter
+                t = base + half + random() * jitter
                 if random() < late_p:
-                    d += random() * late_s
+                    t += random() * late_s
+                k = ceil((t - phase) * POLLS_PER_S - 1e-9)
                 seq += 1
-                push(heap, (now + d, seq, arrive, (src, q, deliver)))
+                box = q.mail.get(k)
+                if box is None:
+                    q.mail[k] = [(t, seq, src, deliver)]
+                    at(phase + k * core.POLL_S, read, q, k)
+                else:
+                    box.append((t, seq, src, deliver))
         self._seq = seq
 
-    def _arrive(self, src: VPeer, q: VPeer, deliver: Callable[[VPeer, float], None]) -> None:
-        if not q.alive or (self.group is not None and self.group[src.id] != self.group[q.id]):
+    def _post(self, q: VPeer, t: float, src: VPeer | None, deliver: Callable[[VPeer, float], None]) -> None:
+        """What reaches q at time t (from ``src``; None: a transfer of its own, which no split or clog stops
+        once begun) is read at q's first poll since: q reads the DHT and its streams every ``round.POLL_S``, at a
+        phase of its own, and takes what came since its last poll in the order it came (``_read_mail``)."""
+        phase = self._phase[q.id]
+        k = math.ceil((t - phase) * POLLS_PER_S - 1e-9)
+        self._seq += 1
+        box = q.mail.get(k)
+        if box is None:
+            q.mail[k] = [(t, self._seq, src, deliver)]
+            self.at(phase + k * core.POLL_S, self._read_mail, q, k)
+        else:
+            box.append((t, self._seq, src, deliver))
+
+    def _read_mail(self, q: VPeer, k: int) -> None:
+        """q's poll ``k``: what reached it since the last one, delivered as it came (a split between q and its
+        writer now: lost; their link clogged now: held until it unclogs), then each round core that got events
+        takes them as one batch and decides once, at the poll's time (the node's agreement reads the DHT every
+        round.POLL_S and feeds its core one poll at a time). An update whose fetch began and ended within the
+        poll's reach is verified in the same batch."""
+        box = q.mail.pop(k, None)
+        if box is None or not q.alive:
             return
-        if self.clogged:
-            link = frozenset((src.id, q.id))
-            if link in self.clogged:
-                self.held[link].append(lambda: q.alive and deliver(q, self.now))
-                return
-        deliver(q, self.now)
+        batches: dict[int, tuple[core.RoundCore, list[Any]]] = {}
+        self._batch = batches
+        group, clogged = self.group, self.clogged
+        while box is not None:
+            box.sort()  # (time, seq, ...): seq is unique, so the callables are never compared
+            for t, _, src, deliver in box:
+                if src is not None:
+                    if group is not None and group[src.id] != group[q.id]:
+                        continue
+                    if clogged:
+                        link = frozenset((src.id, q.id))
+                        if link in clogged:
+                            self.held[link].append((q, src, deliver))
+                            continue
+                deliver(q, t)
+            box = q.mail.pop(k, None)  # fetches that ended within this poll's reach
+        self._batch = None
+        for c, events in batches.values():
+            if q.alive and q.cores.get(c.round_) is c:
+                self._act(q, c, c.steps([*events, core.Tick(self.now)]))
 
     def _swizzle(self) -> None:
         """Clog a random half of the links one by one, then unclog them one by one in another order."""
@@ -402,9 +447,8 @@ class Simulation:
         self.clogged.discard(link)
         if self.now >= self.unclogged_at:
             self.unclog_round = max(p.newest for p in self.peers.values())
-        a, b = sorted(link)
-        for deliver in self.held.pop(link, []):
-            self.at(self.now + self._delay(a, b), deliver)
+        for q, src, deliver in self.held.pop(link, []):
+            self._post(q, self.now + self._delay(src.id, q.id), src, deliver)
 
     def _split_or_heal(self, r: int) -> None:
         """The split falls at the first announcement of round ``partition_at`` and heals at the first of ``heal_at``."""
@@ -417,14 +461,24 @@ class Simulation:
         if 0 <= self.sc.swizzle_at <= r and not self.swizzled:
             self._swizzle()
 
-    def _publish_record(self, p: VPeer) -> None:
-        """Its member record (its chain's tail) and its state offer reach the others; it holds them itself."""
+    def _publish_record(self, p: VPeer, hashes: tuple[tuple[int, str], ...] = ()) -> None:
+        """Its member record (its chain's tail) and its state offer reach the others, with its weight reports of
+        the rounds ``hashes`` names (round, hash) after an apply or an adoption (one write of the node's chores
+        thread: the weight report, the state offer, the member record); it holds them itself."""
         tail = p.tail()
         if p.offer is None or p.offer[0] != tail:
             p.offer = (tail, dict(p.hashes), dict(p.applied), dict(p.ledger), p.reputation)
         record = (tail, p.offer)
         p.records[p.id] = (self.now, *record)
-        self._broadcast(p, lambda q, now: q.records.__setitem__(p.id, (now, *record)))
+        for k, h in hashes:
+            p.weights[k][p.id] = h
+
+        def deliver(q: VPeer, now: float) -> None:
+            q.records[p.id] = (now, *record)
+            for k, h in hashes:
+                q.weights[k][p.id] = h
+
+        self._broadcast(p, deliver)
 
     def _heartbeat(self, p: VPeer, incarnation: int | None = None) -> None:
         if p.done or not p.alive or (incarnation is not None and incarnation != p.incarnation):
@@ -459,7 +513,7 @@ class Simulation:
             _, _, action, peer = self.life.pop(0)
             p = self.peers[peer]
             if action in ("kill", "stop") and p.alive:
-                p.alive, p.gen, p.incarnation = False, p.gen + 1, p.incarnation + 1
+                p.alive, p.gen, p.incarnation, p.mail = False, p.gen + 1, p.incarnation + 1, {}  # in flight: lost
                 if action == "stop":  # its departure reaches the others: nobody waits for it from then on
                     self._broadcast(p, lambda q, now: q.records.pop(p.id, None))
             elif action in ("restart", "join") and not p.alive:
@@ -475,6 +529,7 @@ class Simulation:
         p.senders = frozenset()  # in memory only
         p.records, p.cores, p.newest, p.offer = {}, {}, -1, None
         p.records_of, p.announcers_of, p.weights = defaultdict(list), defaultdict(dict), defaultdict(dict)
+        p.mail = {}
         p.follow, p.waiting, p.computed = chain.Follow(), None, -1
         self._heartbeat(p)
         self.at(self.now + self.heartbeat_s + 2 * self.sc.latency_s, lambda gen=p.gen: self._rejoin(p, gen))
@@ -662,17 +717,21 @@ class Simulation:
         def seen(q: VPeer, now: float) -> None:
             # the DHT gives its age on the reader's clock from the announcer's stamp (clamped to 0..600 s)
             age = min(max(0.0, (now + self.off[q.id]) - (sent + self.off[p.id])), 600.0)
-            self._deliver(q, r, core.Announced(now, p.id, now - age))
-            self._deliver(q, r, core.FetchStarted(now, p.id))
-            self.at(now + self._transfer_s(p.id, q.id, self.sc.update_bytes), self._fetched, q, r, p, digest)
+            if r >= q.newest - 2:
+                q.announcers_of[r].setdefault(p.id, now - age)
+            self._deliver(q, r, core.Announced(now, p.id, now - age), core.FetchStarted(now, p.id))
+            end = now + self._transfer_s(p.id, q.id, self.sc.update_bytes)
+            if end <= self.now:  # it came, and was fetched, since q's last poll: verified in this poll's batch
+                self._fetched(q, r, p, digest, end)
+            else:
+                self._post(q, end, None, lambda q, now: self._fetched(q, r, p, digest, now))
 
         self._broadcast(p, seen)
         self._compute(p, r + 1)
 
-    def _fetched(self, q: VPeer, r: int, p: VPeer, digest: str) -> None:
-        """q's fetch of p's update of round r ends: verified, or without the bytes (a withholder's)."""
-        self._deliver(q, r, core.FetchEnded(self.now, p.id) if p.lie == "withhold" else
-                      core.Verified(self.now, p.id, digest))
+    def _fetched(self, q: VPeer, r: int, p: VPeer, digest: str, now: float) -> None:
+        """q's fetch of p's update of round r ended at ``now``: verified, or without the bytes (a withholder's)."""
+        self._deliver(q, r, core.FetchEnded(now, p.id) if p.lie == "withhold" else core.Verified(now, p.id, digest))
 
     def _open(self, p: VPeer, r: int, sender: bool, digest: str = "") -> core.RoundCore:
         """Round r's core on p, on the hash p applied for r - 1: with its own update (``sender``) or as an
@@ -715,32 +774,18 @@ class Simulation:
         voters = p.ledger.keys() if self.sc.votes != "everyone" else ()
         return core.view_of(records, p.id, r, announced=self._announced(p, r), workers=p.senders, voters=voters)
 
-    def _deliver(self, q: VPeer, r: int, ev: Any) -> None:
-        """An event of round r reaches q: its core takes it at q's next poll, with whatever else reached q by
-        then (the node's agreement reads the DHT every round.POLL_S and feeds its core one poll at a time)."""
-        if not q.alive:
-            return
+    def _deliver(self, q: VPeer, r: int, *events: Any) -> None:
+        """Events of round r reach q at its poll (``_read_mail``): kept with the round's records (its announcers:
+        by ``_announce``), and taken by the round's core with whatever else the poll read."""
         if r >= q.newest - 2:
-            q.records_of[r].append(ev)
-            if isinstance(ev, core.Announced):
-                q.announcers_of[r].setdefault(ev.sender, ev.first_seen)
+            q.records_of[r].extend(events)
         c = q.cores.get(r)
-        if c is None:
-            return
-        batch = self._batches.get(id(c))  # the core is alive while its poll is pending: its id is its own
-        if batch is not None:
-            batch.append(ev)
-            return
-        self._batches[id(c)] = [ev]
-        phase = self._phase[q.id]
-        self.at(phase + math.ceil((self.now - phase) / core.POLL_S - 1e-9) * core.POLL_S,
-                self._poll_events, q, c)
-
-    def _poll_events(self, q: VPeer, c: core.RoundCore) -> None:
-        """q's poll: the events that reached it since the last one, decided on at once, at the poll's time."""
-        batch = self._batches.pop(id(c))
-        if q.alive and q.cores.get(c.round_) is c:
-            self._act(q, c, c.steps([*batch, core.Tick(self.now)]))
+        if c is not None:
+            got = self._batch.get(id(c))  # the core is alive while the poll is read: its id is its own
+            if got is None:
+                self._batch[id(c)] = (c, list(events))
+            else:
+                got[1].extend(events)
 
     def _act(self, p: VPeer, c: core.RoundCore, actions: list[Any]) -> None:
         for a in actions:
@@ -818,10 +863,7 @@ class Simulation:
             self.last_violation = max(self.last_violation, r)
         p.waiting = None
         self.per_round[r]["applied"] += 1
-        h = p.hashes[r]
-        self._broadcast(p, lambda q, now, r=r, h=h: q.weights[r].__setitem__(p.id, h))
-        p.weights[r][p.id] = h
-        self._publish_record(p)
+        self._publish_record(p, ((r, p.hashes[r]),))
         self._check(p, r - 1)
 
     def _content(self, p: VPeer, r: int) -> tuple[tuple[float, ...], int]:
@@ -977,11 +1019,7 @@ class Simulation:
         p.waiting, p.computed = None, -1
         # what it holds now, it says (the node's member record publishes its chain's tail, and a report of a
         # chain left since counts for the one followed now: chores.off_majority)
-        for k in range(max(0, newest - TAIL + 1), newest + 1):
-            h = p.hashes[k]
-            p.weights[k][p.id] = h
-            self._broadcast(p, lambda q, now, k=k, h=h: q.weights[k].__setitem__(p.id, h))
-        self._publish_record(p)
+        self._publish_record(p, tuple((k, p.hashes[k]) for k in range(max(0, newest - TAIL + 1), newest + 1)))
         self.at(p.busy_until, lambda: self._compute(p, newest + 1))
         if was_done:  # its heartbeat had stopped at the end of its run
             self.at(self.now + self.heartbeat_s, lambda: self._heartbeat(p))

@@ -13,11 +13,13 @@ What is modelled, and how:
   applied as the others decided it).
 - The DHT and the streams are one delay per delivery: every record a peer writes reaches each other peer
   ``latency + jitter`` later, and with probability ``late_p`` much later (``late_s``: the DHT hid a stored
-  record from one reader for a while, as the real one does); an update is verified once it arrived
-  (``update_bytes / bandwidth`` more). A peer reads what reached it at its polls (every ``round.POLL_S``, at
-  a phase of its own): records, announcements, reports and its fetches' ends, in the order they came, and
+  record from one reader for a while, as the real one does); a key's newest value wins (a late copy of an
+  older record changes nothing). A peer reads what reached it at its polls (every ``round.POLL_S``, at a
+  phase of its own): records, announcements, reports and its fetches' ends, in the order they came, and
   each of its round cores takes one poll's events as one batch, as the node's agreement feeds its core (a
-  split between reader and writer at the poll loses what came, a clogged link holds it). A reader keeps
+  split between reader and writer at the poll loses what came, a clogged link holds it). The poll that reads
+  an announcement starts the update's fetch, and the first poll after it ended (``update_bytes / bandwidth``
+  after the link's latency) verifies it, as the node's exchange starts and reaps its fetches. A reader keeps
   what reached it (a round re-opened after a re-sync reads the same records again).
 - Member records: every peer publishes the tail of its chain after each round and every heartbeat
   (``min(10 s, record_ttl_s / 3)``); a peer's view of the swarm (``core.View``: who is live, present, two
@@ -223,6 +225,8 @@ class VPeer:
     # the announcers among them, by round: each one's first sighting (the first Announced of it in records_of)
     announcers_of: dict[int, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
     weights: dict[int, dict[str, str]] = field(default_factory=lambda: defaultdict(dict))  # r -> peer -> hash
+    # when the newest record (peer) and weight report ((peer, round)) it holds of each writer were written
+    stamps: dict[Any, float] = field(default_factory=dict)
     # what reached it and waits for its next poll, by poll: (time, seq, writer or None, deliver) (_read_mail)
     mail: dict[int, list[tuple[float, int, Any, Callable[..., None]]]] = field(default_factory=dict)
     waiting: int | None = None  # the round it must apply before announcing the next one
@@ -366,19 +370,21 @@ class Simulation:
         """Every other peer gets it after a delay, at its first poll since (``_post``)."""
         # _delay's draws and _post, inlined: N - 1 of them per record, the simulator's busiest loop
         random, jitter, late_p, late_s = self.rng.random, self.sc.jitter_s, self.sc.late_p, self.sc.late_s
-        ceil, at, read, seq = math.ceil, self.at, self._read_mail, self._seq
+        ceil, at, read, seq, poll_s = math.ceil, self.at, self._read_mail, self._seq, core.POLL_S
         base = self.now + self.lat[src.id] / 2  # every peer has a link (_latency)
         for q, half, phase in self._reach:
             if q is not src:
                 t = base + half + random() * jitter
                 if random() < late_p:
                     t += random() * late_s
-                k = ceil((t - phase) * POLLS_PER_S - 1e-9)
+                k = ceil((t - phase) * POLLS_PER_S)
+                if phase + k * poll_s < t:  # rounding: never read before it arrives
+                    k += 1
                 seq += 1
                 box = q.mail.get(k)
                 if box is None:
                     q.mail[k] = [(t, seq, src, deliver)]
-                    at(phase + k * core.POLL_S, read, q, k)
+                    at(phase + k * poll_s, read, q, k)
                 else:
                     box.append((t, seq, src, deliver))
         self._seq = seq
@@ -388,7 +394,9 @@ class Simulation:
         once begun) is read at q's first poll since: q reads the DHT and its streams every ``round.POLL_S``, at a
         phase of its own, and takes what came since its last poll in the order it came (``_read_mail``)."""
         phase = self._phase[q.id]
-        k = math.ceil((t - phase) * POLLS_PER_S - 1e-9)
+        k = math.ceil((t - phase) * POLLS_PER_S)
+        if phase + k * core.POLL_S < t:  # rounding: never read before it arrives
+            k += 1
         self._seq += 1
         box = q.mail.get(k)
         if box is None:
@@ -401,27 +409,24 @@ class Simulation:
         """q's poll ``k``: what reached it since the last one, delivered as it came (a split between q and its
         writer now: lost; their link clogged now: held until it unclogs), then each round core that got events
         takes them as one batch and decides once, at the poll's time (the node's agreement reads the DHT every
-        round.POLL_S and feeds its core one poll at a time). An update whose fetch began and ended within the
-        poll's reach is verified in the same batch."""
+        round.POLL_S and feeds its core one poll at a time)."""
         box = q.mail.pop(k, None)
         if box is None or not q.alive:
             return
         batches: dict[int, tuple[core.RoundCore, list[Any]]] = {}
         self._batch = batches
         group, clogged = self.group, self.clogged
-        while box is not None:
-            box.sort()  # (time, seq, ...): seq is unique, so the callables are never compared
-            for t, _, src, deliver in box:
-                if src is not None:
-                    if group is not None and group[src.id] != group[q.id]:
+        box.sort()  # (time, seq, ...): seq is unique, so the callables are never compared
+        for t, _, src, deliver in box:
+            if src is not None:
+                if group is not None and group[src.id] != group[q.id]:
+                    continue
+                if clogged:
+                    link = frozenset((src.id, q.id))
+                    if link in clogged:
+                        self.held[link].append((q, src, deliver))
                         continue
-                    if clogged:
-                        link = frozenset((src.id, q.id))
-                        if link in clogged:
-                            self.held[link].append((q, src, deliver))
-                            continue
-                deliver(q, t)
-            box = q.mail.pop(k, None)  # fetches that ended within this poll's reach
+            deliver(q, t)
         self._batch = None
         for c, events in batches.values():
             if q.alive and q.cores.get(c.round_) is c:
@@ -473,10 +478,18 @@ class Simulation:
         for k, h in hashes:
             p.weights[k][p.id] = h
 
+        sent = self.now
+
         def deliver(q: VPeer, now: float) -> None:
-            q.records[p.id] = (now, *record)
+            # the DHT keeps a key's newest value: a late copy of an older record (or weight report) changes nothing
+            stamps = q.stamps
+            if stamps.get(p.id, -1.0) < sent:
+                stamps[p.id] = sent
+                q.records[p.id] = (now, *record)
             for k, h in hashes:
-                q.weights[k][p.id] = h
+                if stamps.get((p.id, k), -1.0) < sent:
+                    stamps[(p.id, k)] = sent
+                    q.weights[k][p.id] = h
 
         self._broadcast(p, deliver)
 
@@ -515,7 +528,12 @@ class Simulation:
             if action in ("kill", "stop") and p.alive:
                 p.alive, p.gen, p.incarnation, p.mail = False, p.gen + 1, p.incarnation + 1, {}  # in flight: lost
                 if action == "stop":  # its departure reaches the others: nobody waits for it from then on
-                    self._broadcast(p, lambda q, now: q.records.pop(p.id, None))
+                    def gone(q: VPeer, now: float, sent: float = self.now) -> None:
+                        if q.stamps.get(p.id, -1.0) < sent:
+                            q.stamps[p.id] = sent
+                            q.records.pop(p.id, None)
+
+                    self._broadcast(p, gone)
             elif action in ("restart", "join") and not p.alive:
                 self._start(p, fresh=action == "join")
 
@@ -529,7 +547,11 @@ class Simulation:
         p.senders = frozenset()  # in memory only
         p.records, p.cores, p.newest, p.offer = {}, {}, -1, None
         p.records_of, p.announcers_of, p.weights = defaultdict(list), defaultdict(dict), defaultdict(dict)
-        p.mail = {}
+        # what reaches it from now on it reads (the DHT holds it for the new process); its dead process's own fetches
+        # (no writer) and what came while it was down are gone
+        p.mail = {k: box for k, box in ((k, [e for e in box if e[0] >= self.now and e[2] is not None])
+                                        for k, box in p.mail.items()) if box}
+        p.stamps = {}
         p.follow, p.waiting, p.computed = chain.Follow(), None, -1
         self._heartbeat(p)
         self.at(self.now + self.heartbeat_s + 2 * self.sc.latency_s, lambda gen=p.gen: self._rejoin(p, gen))
@@ -719,12 +741,10 @@ class Simulation:
             age = min(max(0.0, (now + self.off[q.id]) - (sent + self.off[p.id])), 600.0)
             if r >= q.newest - 2:
                 q.announcers_of[r].setdefault(p.id, now - age)
-            self._deliver(q, r, core.Announced(now, p.id, now - age), core.FetchStarted(now, p.id))
-            end = now + self._transfer_s(p.id, q.id, self.sc.update_bytes)
-            if end <= self.now:  # it came, and was fetched, since q's last poll: verified in this poll's batch
-                self._fetched(q, r, p, digest, end)
-            else:
-                self._post(q, end, None, lambda q, now: self._fetched(q, r, p, digest, now))
+            # q's poll (now: its time) starts the fetch; a later poll takes it once it ended (exchange.py's reap)
+            self._deliver(q, r, core.Announced(now, p.id, now - age), core.FetchStarted(self.now, p.id))
+            self._post(q, self.now + self._transfer_s(p.id, q.id, self.sc.update_bytes), None,
+                       lambda q, now: self._fetched(q, r, p, digest, now))
 
         self._broadcast(p, seen)
         self._compute(p, r + 1)

@@ -162,7 +162,7 @@ def watched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         targets_file = out / "prometheus-targets.json"
         targets = _wait("4 metrics targets", lambda: len(json.loads(targets_file.read_text())) == 4 and
                         {t["labels"]["process"]: t["targets"][0] for t in json.loads(targets_file.read_text())},
-                        120, proc, log)
+                        240, proc, log)
         yield {"port": port, "url": f"http://127.0.0.1:{port}/", "targets": targets, "out": out, "log": log,
                "proc": proc}
     finally:

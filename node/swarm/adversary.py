@@ -7,6 +7,7 @@ set, and check that the honest peers reject or repair what they do.
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import time
@@ -18,6 +19,8 @@ import msgpack
 from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm.identity import load_or_create
 from gradnode.protocol import CodecParams, attach_signature, decode_update, encode_update, signing_digest
+
+log = logging.getLogger(__name__)
 
 INFLATED_TOKENS = 1 << 40  # 'tokens': what the attacker declares (the run allows a few thousand per round)
 
@@ -366,6 +369,8 @@ class Replayer:
             if peer not in self.carriers:
                 self.carriers[peer] = _own_node(self.sw, self.output_dir, f"replayer-{len(self.carriers)}",
                                                 self.transport.maddrs())
+                log.warning("replayleave: storing the leaving record of %s again under key %s every heartbeat",
+                            peer[:12], self.carriers[peer].peer_id[:12])
             self.carriers[peer].store(dht_key(self.run_id, "members"), raw, self.sw.record_ttl_s)
 
     def close(self) -> None:

@@ -785,7 +785,7 @@ class Peer:
             "wait_s": wait,
             "inner_s": t.inner_s, "bytes_up": self.transport.bytes_up, "bytes_down": self.transport.bytes_down,
             "rejected": self.rejections.total(), "resyncs": t.resyncs, "catchups": t.catchups,
-            "joined_round": t.joined_round, "step_ratio": round(self.engine.last_step_ratio, 6),
+            "joined_round": t.joined_round, "started": t.started, "step_ratio": round(self.engine.last_step_ratio, 6),
             "skipped_steps": self.engine.skipped_steps, "ignoring": self.rejections.ignored(round_),
             "phase_s": self.phases.totals(), "leaving": sorted(self.membership.leaving()), "time": time.time(),
             "screened": {sc.sender: sc.reason for sc in self.engine.last_screens if sc.reason},

@@ -59,6 +59,7 @@ def summary_json(s: PeerSummary) -> str:
 class Tally:
     """A peer's counters over its run."""
 
+    started: float = field(default_factory=time.time)  # when this process started (wall clock): which life a row is of
     rounds_done: int = 0  # rounds this process applied itself
     resyncs: int = 0
     own_excluded: int = 0

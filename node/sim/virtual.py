@@ -29,10 +29,11 @@ What is modelled, and how:
   of round ``partition_at`` to the first of ``heal_at``: records in flight are lost, the other side's
   records go stale, and each side trains on as its own swarm.
 - A peer's weights are a hash chain: the hash of round r is the hash of round r - 1 and the set applied.
-  After applying round r a peer publishes that hash, with its member record; the next round it compares its hash of r with the
-  majority of the reports it received, groups the tails in its sight by chain (protocol/chain.py), and
-  chain.Follow says whether it leaves its chain: then it adopts the newest state a peer of the winning
-  chain offers, after a download time, as the node's chores thread and Peer._settle_chores do.
+  After applying round r a peer publishes that hash, with its member record; the next round it compares its
+  hash of r with the majority of the reports it received, groups the tails in its sight by chain
+  (protocol/chain.py), and chain.Follow says whether it leaves its chain: then it adopts the newest state a
+  peer of the winning chain offers, after a download time, as the node's chores thread and
+  Peer._settle_chores do.
 
 Adversaries (``Scenario.liars``): a real core whose outputs a policy rewrites, never a mock.
 - ``censor``: its report lists only its own update (the 'lowid' attacker of the process tests: a witness

@@ -92,9 +92,9 @@ def test_a_mix_of_adversaries_moves_no_honest_peer_and_counts_for_little(run_swa
     updates count, and the model learns. Whether and how soon each honest peer catches the equivocator (it
     must read both versions of one report, and an equivocator out of phase on a loaded machine may witness
     no round), how soon each attacker is screened and in how many rounds honest updates count depend on the
-    schedule: the simulator and the rules' own tests assert those (tests/test_virtual.py, test_round_core.py). (The rules' other kinds, inflated tokens and
-    dense updates, are refused by the same path as the replay: tests/test_rules.py builds each payload with
-    the adversary's own code and checks the rules refuse it.)"""
+    schedule: the simulator and the rules' own tests assert those (tests/test_virtual.py, test_round_core.py).
+    (The rules' other kinds, inflated tokens and dense updates, are refused by the same path as the replay:
+    tests/test_rules.py builds each payload with the adversary's own code and checks the rules refuse it.)"""
     rounds = 8
     summary, peers = adversaries(run_swarm, ["equivocate", "sybilvotes", "crossrun", "signflip", "freerider"], rounds,
                                  honest=4)

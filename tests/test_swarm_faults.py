@@ -28,9 +28,10 @@ def test_a_straggler_a_client_mode_peer_and_a_graceful_leave(run_swarm, metrics_
     Asserted, what holds whatever the load does to the schedule: the three that stay end on one hash, every
     round made; the straggler cut some round short or sat it out instead of holding the others up; the client's
     updates were pushed to peers that took them to serve on; the fast peer's update counted in some round; the
-    leaver left cleanly, with a summary, and is in no decided set after it left. How often the straggler's own update makes a round depends
-    on the machine's load (a load spike stretches its sleeps the most): the simulator asserts that over seeds
-    (tests/test_virtual.py, test_a_straggler_cuts_its_steps_or_sits_rounds_out_and_holds_nobody_up)."""
+    leaver left cleanly, with a summary, and is in no decided set after it left. How often the straggler's own
+    update makes a round depends on the machine's load (a load spike stretches its sleeps the most): the
+    simulator asserts that over seeds (tests/test_virtual.py,
+    test_a_straggler_cuts_its_steps_or_sits_rounds_out_and_holds_nobody_up)."""
     # steps stretched by sleeping (cheap on CPU) so that compute dominates the round, as in real runs; rounds of
     # ~1.5 s for the fast peers: the round clock reads the DHT every 0.5 s, and with rounds of 0.5 s (16 steps)
     # whether the straggler learnt its stop time in time was left to chance (it failed about half the runs)
@@ -56,8 +57,9 @@ def test_a_straggler_a_client_mode_peer_and_a_graceful_leave(run_swarm, metrics_
     assert any(fast["peer"] in row["senders"] for row in fast_rows), fast_rows
     # the straggler stays in phase (every round made, on the others' hash: above) by cutting its steps at the
     # round's stop time or abstaining from a round it cannot make (exchange.py): it cut some round short or sat
-    # one out (running all its steps every round, it would hold the others up each round). (Its update is weighted by the fewer tokens it carries; in how many rounds
-    # it counts is the simulator's to assert, `gradnode simulate --virtual --faults slow:1x5` prints it)
+    # one out (running all its steps every round, it would hold the others up each round). (Its update is
+    # weighted by the fewer tokens it carries; in how many rounds it counts is the simulator's to assert,
+    # `gradnode simulate --virtual --faults slow:1x5` prints it)
     made = [slow["peer"] in row["senders"] for row in fast_rows]
     seen = [(row["round"], row["steps"], row["own_included"], round(row["wait_s"], 2)) for row in slow_rows]
     assert any(row["steps"] < steps for row in slow_rows[1:]) or slow.get("abstained"), \

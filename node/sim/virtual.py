@@ -482,14 +482,10 @@ class Simulation:
         sent = self.now
 
         def deliver(q: VPeer, now: float) -> None:
-            # the DHT keeps a key's newest value: a late copy of an older record (or weight report) changes nothing
-            stamps = q.stamps
-            if stamps.get(p.id, -1.0) < sent:
-                stamps[p.id] = sent
+            if _newest(q, p.id, sent):
                 q.records[p.id] = (now, *record)
             for k, h in hashes:
-                if stamps.get((p.id, k), -1.0) < sent:
-                    stamps[(p.id, k)] = sent
+                if _newest(q, (p.id, k), sent):
                     q.weights[k][p.id] = h
 
         self._broadcast(p, deliver)
@@ -530,8 +526,7 @@ class Simulation:
                 p.alive, p.gen, p.incarnation, p.mail = False, p.gen + 1, p.incarnation + 1, {}  # in flight: lost
                 if action == "stop":  # its departure reaches the others: nobody waits for it from then on
                     def gone(q: VPeer, now: float, sent: float = self.now) -> None:
-                        if q.stamps.get(p.id, -1.0) < sent:
-                            q.stamps[p.id] = sent
+                        if _newest(q, p.id, sent):
                             q.records.pop(p.id, None)
 
                     self._broadcast(p, gone)
@@ -1202,6 +1197,16 @@ def _digest(peer: str, round_: int, seed: str) -> str:
 def _half(peer: str, round_: int) -> bool:
     """Which half of the peers an equivocator lies to in a round (fixed by the names: no randomness drawn)."""
     return hashlib.sha256(f"{peer}/{round_}".encode()).digest()[0] & 1 == 1
+
+
+def _newest(q: VPeer, key: Any, sent: float) -> bool:
+    """The DHT keeps a key's newest value: whether what was written at ``sent`` under ``key`` (a writer's member
+    record: its id; its weight report of a round: (id, round)) is newer than what q holds (then noted as held).
+    A late copy of an older record changes nothing."""
+    if q.stamps.get(key, -1.0) < sent:
+        q.stamps[key] = sent
+        return True
+    return False
 
 
 def _everyone(q: str) -> bool:

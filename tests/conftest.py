@@ -10,6 +10,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests judge what the code gives, never how fast: a loaded machine (the process tests' swarms on the
+# other worker) made one of test_witness.py's examples take 408 ms against hypothesis's default deadline of
+# 200 ms, and the suite failed ("Unreliable test timings"). No deadline, and no health check about slow data
+# generation, for every property test (one that sets its own settings inherits these).
+settings.register_profile("gradnode", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+settings.load_profile("gradnode")
 
 # Everything the tests and the processes they start write to the temp folder (pytest's tmp_path, the
 # libp2p daemons' sockets, multiprocessing and torch helper folders) goes to one folder per session.

@@ -9,6 +9,7 @@ package stays free of keys and clocks). ``from_bytes`` raises ``RecordError`` fo
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Annotated, ClassVar, Literal, TypeVar
@@ -44,6 +45,7 @@ Fingerprints = Annotated[bytes, Field(max_length=FINGERPRINT_BYTES * MAX_PEERS_P
                          AfterValidator(_whole_fingerprints)]
 
 
+@functools.lru_cache(maxsize=1 << 14)  # a round's pairs are packed by every witness and resolved by every peer (~4 MB)
 def fingerprint(sender: str, digest: str) -> bytes:
     """16 bytes naming one update: ``sender``'s blob with sha256 ``digest``. Witness reports, weight reports and
     holdings list updates by fingerprint (16 bytes each instead of ~115 for the pair spelled out), so a

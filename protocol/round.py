@@ -393,8 +393,8 @@ class RoundCore:
 
     # --- collect ---------------------------------------------------------------------------------
 
-    def _abstaining(self) -> set[str]:
-        return {w for w, r in self.reports.items() if r.abstain}
+    def _abstaining(self) -> frozenset[str]:
+        return self._remembered("abstaining", lambda: frozenset(w for w, r in self.reports.items() if r.abstain))
 
     def _state(self) -> tuple:
         """What the live trainers and the deadline are computed from: the view (the same object until a Members
@@ -442,9 +442,10 @@ class RoundCore:
             deadline = latest if deadline is None else min(deadline, latest)
         return deadline
 
-    def _remembered(self, name: str, compute: Callable[[], Any]) -> Any:
-        """``compute()``, or what it gave last while ``_state()`` is the same."""
-        state = self._state()
+    def _remembered(self, name: str, compute: Callable[[], Any], *more: Any) -> Any:
+        """``compute()``, or what it gave last while ``_state()`` and ``more`` are the same. Reports only come
+        (the count grows) or go with a ban (the count of bans grows): the same counts, the same reports."""
+        state = (self._state(), *more)
         got = self._memo.get(name)
         if got is None or got[0] != state:
             got = self._memo[name] = (state, compute())
@@ -485,6 +486,9 @@ class RoundCore:
             {p for p in self.eligible if p != self.me and p not in self.view.present}
 
     def _counted(self) -> list[Report]:
+        return self._remembered("counted", self._counted_now, self.live_fallback, self.eligible)
+
+    def _counted_now(self) -> list[Report]:
         among = (set(self.view.live) | {self.me}) if self.live_fallback else self.eligible
         return [r for w, r in sorted(self.reports.items()) if w in among and not r.abstain]
 

@@ -239,6 +239,9 @@ class VPeer:
     sets: dict[int, frozenset[str]] = field(default_factory=dict)  # round -> the senders of the set it applied
     # q -> (when seen, its tail, the state it offers: its hashes and applied sets up to its newest round)
     records: dict[str, tuple[float, tuple[chain.Link, ...], Any]] = field(default_factory=dict)
+    held: int = 0  # changes to ``records`` so far (Simulation._sight keeps what it read of them until the next)
+    sight: Any = None  # Simulation._sight's last reading: (held, when a record of it expires, tails, rounds)
+    views: dict[int, Any] = field(default_factory=dict)  # round -> the last view of it made (Simulation._view)
     offer: Any = None  # the state it offers now (one snapshot shared by its readers), rebuilt when it changes
     follow: chain.Follow = field(default_factory=chain.Follow)
     done: bool = False  # its last round is applied and checked: it stops its heartbeat
@@ -311,6 +314,7 @@ class Simulation:
         self.content: dict[str, tuple[tuple[float, ...], int]] = {}  # an update's digest -> its vector and tokens
         # (chain, set) -> the senders counted, the reputation table after, each sender's screen reason
         self._judged: dict[tuple[str, bytes], tuple[frozenset[str], Reputation, dict[str, str]]] = {}
+        self._resolved: dict[tuple[int, str, bytes], list[tuple[str, str]]] = {}  # _resolve's sets
         self._truth: list[list[float]] = []  # each round's true direction (a unit vector), drawn as needed
         for _, _, action, peer in self.life:
             if action == "join":
@@ -476,14 +480,18 @@ class Simulation:
             p.offer = (tail, dict(p.hashes), dict(p.applied), dict(p.ledger), p.reputation)
         record = (tail, p.offer)
         p.records[p.id] = (self.now, *record)
+        p.held += 1
         for k, h in hashes:
             p.weights[k][p.id] = h
 
         sent = self.now
 
         def deliver(q: VPeer, now: float) -> None:
-            if _newest(q, p.id, sent):
+            stamps = q.stamps  # _newest inlined for the record (one per record and reader)
+            if stamps.get(p.id, -1.0) < sent:
+                stamps[p.id] = sent
                 q.records[p.id] = (now, *record)
+                q.held += 1
             for k, h in hashes:
                 if _newest(q, (p.id, k), sent):
                     q.weights[k][p.id] = h
@@ -511,6 +519,7 @@ class Simulation:
                 def deliver(q: VPeer = q, sid: str = sid) -> None:
                     if q.alive:
                         q.records[sid] = (self.now, tail, None)  # no state offered: nobody holds it
+                        q.held += 1
                         for k, h in tail:
                             q.weights[k][sid] = h
                 self.at(self.now + self._delay(), deliver)
@@ -528,6 +537,7 @@ class Simulation:
                     def gone(q: VPeer, now: float, sent: float = self.now) -> None:
                         if _newest(q, p.id, sent):
                             q.records.pop(p.id, None)
+                            q.held += 1
 
                     self._broadcast(p, gone)
             elif action in ("restart", "join") and not p.alive:
@@ -541,7 +551,7 @@ class Simulation:
         if fresh:
             p.hashes, p.applied, p.ledger, p.reputation = {-1: "genesis"}, {}, {}, Reputation()
         p.senders = frozenset()  # in memory only
-        p.records, p.cores, p.newest, p.offer = {}, {}, -1, None
+        p.records, p.cores, p.newest, p.offer, p.held, p.views = {}, {}, -1, None, p.held + 1, {}
         p.records_of, p.announcers_of, p.weights = defaultdict(list), defaultdict(dict), defaultdict(dict)
         # what reaches it from now on it reads (the DHT holds it for the new process); its dead process's own fetches
         # (no writer) and what came while it was down are gone
@@ -591,15 +601,36 @@ class Simulation:
     def _tails(self, p: VPeer, with_me: bool = True, voting: bool = True) -> dict[str, tuple[chain.Link, ...]]:
         """The tails of the member records in p's sight (seen within the records' ttl), its own included; with
         ``voting``, only those of keys whose vote counts (``_votes``)."""
-        votes = self._votes(p) if voting else _everyone
-        # _fresh inlined (the same sums): this runs over every record at every poll of every peer
-        now, ttl, off, me = self.now, self.sc.record_ttl_s, self.off, p.id
-        mine = off[me]
-        out = {q: t for q, (seen, t, _) in p.records.items()
-               if q != me and now - seen < ttl + off.get(q, 0.0) - mine and (votes is _everyone or votes(q))}
+        out = self._sight(p)[0]
+        if voting and self._votes(p) is not _everyone:
+            out = {q: t for q, t in out.items() if q in p.ledger}
+        elif with_me:
+            out = dict(out)
         if with_me:
             out[p.id] = p.tail()
         return out
+
+    def _sight(self, p: VPeer) -> tuple[dict[str, tuple[chain.Link, ...]], dict[str, tuple[int, bool]]]:
+        """The other peers' member records in p's sight: their tails, and what round.view_of reads of them (the
+        round after the last each tail names, training). Kept while p receives no record and none of them
+        expires (``VPeer.held``: its records' count of changes): every poll of every peer reads them, and most
+        polls come between two changes."""
+        got = p.sight
+        if got is not None and got[0] == p.held and self.now < got[1]:
+            return got[2], got[3]
+        # _fresh inlined (the same sums): a record expires record_ttl_s after it was written, on its writer's clock
+        now, ttl, off, me = self.now, self.sc.record_ttl_s, self.off, p.id
+        mine = off[me]
+        tails, expires = {}, math.inf
+        for q, (seen, t, _) in p.records.items():
+            end = seen + ttl + off.get(q, 0.0) - mine
+            if now - seen < ttl + off.get(q, 0.0) - mine and q != me:
+                tails[q] = t
+                if end < expires:
+                    expires = end
+        rounds = {q: (t[-1][0] + 1 if t else 0, True) for q, t in tails.items()}
+        p.sight = (p.held, expires, tails, rounds)
+        return tails, rounds
 
     # --- a peer's rounds ---------------------------------------------------------------------------
 
@@ -730,17 +761,25 @@ class Simulation:
         # update to every reader, as its first announcement was
         self.content.setdefault(digest, self._content(p, r))
         self._open(p, r, sender=r not in p.abstained, digest=digest)  # a round sat out is never reported on
-        sent = self.now
+        stamped, off, size = self.now + self.off[p.id], self.off, self.sc.update_bytes
+        deliver, post, transfer = self._deliver, self._post, self._transfer_s
+        lat, bw, half, lossless = self.lat, self.bw, self.lat[p.id], not self.sc.loss_p
+
+        def fetched(q: VPeer, now: float) -> None:
+            self._fetched(q, r, p, digest, now)
 
         def seen(q: VPeer, now: float) -> None:
             # the DHT gives its age on the reader's clock from the announcer's stamp (clamped to 0..600 s)
-            age = min(max(0.0, (now + self.off[q.id]) - (sent + self.off[p.id])), 600.0)
+            age = min(max(0.0, (now + off[q.id]) - stamped), 600.0)
             if r >= q.newest - 2:
                 q.announcers_of[r].setdefault(p.id, now - age)
             # q's poll (now: its time) starts the fetch; a later poll takes it once it ended (exchange.py's reap)
-            self._deliver(q, r, core.Announced(now, p.id, now - age), core.FetchStarted(self.now, p.id))
-            self._post(q, self.now + self._transfer_s(p.id, q.id, self.sc.update_bytes), None,
-                       lambda q, now: self._fetched(q, r, p, digest, now))
+            start = self.now
+            deliver(q, r, core.Announced(now, p.id, now - age), core.FetchStarted(start, p.id))
+            # _transfer_s's sums, inlined when no attempt is lost (nothing to draw): one per announcement and reader
+            took = (half + lat[q.id]) / 2 + size * 8 / min(bw[p.id], bw[q.id]) if lossless else \
+                transfer(p.id, q.id, size)
+            post(q, start + took, None, fetched)
 
         self._broadcast(p, seen)
         self._compute(p, r + 1)
@@ -771,6 +810,8 @@ class Simulation:
         for old in [k for k in p.records_of if k < r - 2]:
             del p.records_of[old]
             p.announcers_of.pop(old, None)
+        for old in [k for k in p.views if k < r - 2]:
+            del p.views[old]
         return c
 
     def _announced(self, p: VPeer, r: int) -> dict[str, float]:
@@ -785,10 +826,18 @@ class Simulation:
         """What p's member records say, by the node's rule (``round.view_of``): the peers whose record it saw
         within the ttl (a split hides the others once theirs go stale), each at the round after the last its
         tail names; the last round p applied's senders and this round's announcers are counted; with
-        ``votes='contributors'`` only the keys in p's ledger vote."""
-        records = {q: (t[-1][0] + 1 if t else 0, True) for q, t in self._tails(p, with_me=False, voting=False).items()}
+        ``votes='contributors'`` only the keys in p's ledger vote. The same view while what it is made of is
+        (``_sight``'s records, the round's announcers, the last round's senders, the ledger)."""
+        tails, records = self._sight(p)
+        c, seen = p.cores.get(r), p.announcers_of.get(r)
+        key = (p.sight, c, len(c.first_seen) if c else 0, seen, len(seen) if seen else 0, p.senders, p.ledger)
+        got = p.views.get(r)
+        if got is not None and all(a is b or type(a) is int and a == b for a, b in zip(got[0], key)):
+            return got[1]
         voters = p.ledger.keys() if self.sc.votes != "everyone" else ()
-        return core.view_of(records, p.id, r, announced=self._announced(p, r), workers=p.senders, voters=voters)
+        view = core.view_of(records, p.id, r, announced=self._announced(p, r), workers=p.senders, voters=voters)
+        p.views[r] = (key, view)
+        return view
 
     def _deliver(self, q: VPeer, r: int, *events: Any) -> None:
         """Events of round r reach q at its poll (``_read_mail``): kept with the round's records (its announcers:
@@ -861,7 +910,7 @@ class Simulation:
         p.applied[r] = fps
         # the senders of the set, as the node knows them from the round's signed announcements (it fetches
         # what it applies: an update it never verified is in its ledger all the same)
-        pairs, _ = resolve(fps, ((q, _digest(q, r, c.seed)) for q in self.peers))
+        pairs = self._resolve(r, c.seed, fps)
         p.sets[r] = frozenset(s for s, _ in pairs)
         p.senders = p.sets[r]
         p.counted[r] = self._aggregate(p, r, c.seed, fps, pairs)
@@ -881,6 +930,15 @@ class Simulation:
         self.per_round[r]["applied"] += 1
         self._publish_record(p, ((r, p.hashes[r]),))
         self._check(p, r - 1)
+
+    def _resolve(self, r: int, seed: str, fps: bytes) -> list[tuple[str, str]]:
+        """The (sender, digest) pairs a set of round r on the chain ``seed`` lists (records.resolve against every
+        peer's update of it): once per set, as every peer on the chain applies the same one."""
+        key = (r, seed, fps)
+        got = self._resolved.get(key)
+        if got is None:
+            got = self._resolved[key] = resolve(fps, ((q, _digest(q, r, seed)) for q in self.peers))[0]
+        return got
 
     def _content(self, p: VPeer, r: int) -> tuple[tuple[float, ...], int]:
         """p's update of round r as the robust rule sees it: a vector and its tokens (the steps it ran). An honest
@@ -903,7 +961,7 @@ class Simulation:
             # the update of the lowest id that the chain it holds applied in round r - 1 (its own in round 0,
             # with nothing to copy yet)
             seed = p.hashes[r - 2]
-            pairs, _ = resolve(p.applied[r - 1], ((q, _digest(q, r - 1, seed)) for q in self.peers))
+            pairs = self._resolve(r - 1, seed, p.applied[r - 1])
             copy = next((self.content[d] for q, d in sorted(pairs) if q != p.id and d in self.content), None)
             if copy is not None:
                 return copy[0], steps

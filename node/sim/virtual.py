@@ -634,11 +634,11 @@ class Simulation:
         mine = off[me]
         tails, expires = {}, math.inf
         for q, (seen, t, _) in p.records.items():
-            end = seen + ttl + off.get(q, 0.0) - mine
-            if now - seen < ttl + off.get(q, 0.0) - mine and q != me:
+            life = ttl + off.get(q, 0.0) - mine
+            if now - seen < life and q != me:
                 tails[q] = t
-                if end < expires:
-                    expires = end
+                if seen + life < expires:
+                    expires = seen + life
         rounds = {q: (t[-1][0] + 1 if t else 0, True) for q, t in tails.items()}
         # kept until a nanosecond before the first expiry: the test above is a difference, the expiry a sum
         p.sight = (p.held, expires - 1e-9, tails, rounds)

@@ -797,10 +797,12 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=4096, 
                           "equivocate sybilvotes lowid futurestate badmomentum signflip noise freerider lazy; "
                           "peer '?' = picked by --seed). With --virtual: lying witnesses (censor:P "
                           "equivocate:P withhold:P), updates that do not help (signflip:P noise:P freerider:P: "
-                          "judged by the robust rule's screens), one partition:G|G@rN with its heal@rM, "
+                          "judged by the robust rule's screens), records claiming an hour a round (stretch:P), "
+                          "one partition:G|G@rN with its heal@rM, "
                           "kill/stop/restart/join:P@rN, stragglers slow:PxF, and clocks off "
                           "drift:S (each by up to S seconds) and clock:P=S, swizzle-clogging swizzle[:S]@rN, "
-                          "sybils:N (keys voting for a made-up chain), flood:N (their records far ahead), and per-link networks links:S (each "
+                          "sybils:N (keys voting for a made-up chain), flood:N (their records far ahead), claims:S "
+                          "(their records claiming S seconds a round), and per-link networks links:S (each "
                           "peer's link up to S times slower and farther) and loss:P (transfers lost, retried)."),
                  seed: Optional[int] = typer.Option(None, "--seed", min=0, metavar="N", help="run.seed, and the "
                                                     "picks of '?' in --faults: the same seed gives the same run."),

@@ -165,10 +165,13 @@ def view_of(records: Mapping[str, tuple[int, bool]], me: str, round_: int, *, an
 
 def pace(times: Mapping[str, float], counted: Collection[str], own: float) -> float:
     """The swarm's round time: the lower median of the counted trainers' full-round compute times (``own``
-    when nobody reports one). The lower median: of two middle peers the faster, so that a swarm left with one
+    when none is in sight). The lower median: of two middle peers the faster, so that a swarm left with one
     fast peer and one straggler paces its rounds on the fast one (the mean of the two made the fast peer wait
-    for the straggler every round)."""
-    got = sorted(t for p, t in times.items() if t > 0 and p in counted)
+    for the straggler every round). A counted trainer whose record claims no time yet (written before its first
+    step: early in a run, every honest record but this peer's own) counts at ``own``: else the first peer to
+    apply a round paced on its own time and any claims a liar made from the start, and two contributors of
+    eight claiming an hour held its round open (the simulator, ``stretch``)."""
+    got = sorted(t if t > 0 else own for p, t in times.items() if p in counted)
     return got[(len(got) - 1) // 2] if got else own
 
 

@@ -264,6 +264,10 @@ def test_the_pace_is_the_lower_median_of_the_counted_trainers() -> None:
     assert rc.pace({"a": 1.0, "b": 4.0}, {"a", "b"}, 9.0) == 1.0  # of two, the faster
     assert rc.pace({"a": 1.0, "b": 4.0, "c": 2.0, "z": 0.1}, {"a", "b", "c"}, 9.0) == 2.0  # z: not counted
     assert rc.pace({"a": 0.0}, {"a"}, 9.0) == 9.0  # nobody reports one: our own
+    assert rc.pace({"b": 5.0}, {"a", "b"}, 9.0) == 5.0  # a counted trainer out of sight: not counted
+    # a counted trainer whose record claims no time yet counts at ours: two claims of an hour made before anyone
+    # computed are two of five, not two of three
+    assert rc.pace({"me": 2.0, "a": 0.0, "b": 0.0, "x": 3600.0, "y": 3600.0}, {"me", "a", "b", "x", "y"}, 2.0) == 2.0
 
 
 def test_a_key_that_does_not_vote_holds_no_given_up_round_open() -> None:

@@ -364,6 +364,40 @@ def test_a_flood_of_records_far_ahead_holds_no_round_open(monkeypatch: pytest.Mo
     assert out["waited_out"] > 2 * sc["peers"], out
 
 
+def test_claims_of_round_time_move_no_pace_but_the_last_rounds_senders(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every member record claims its writer's round time, and a peer paces a round (its deadline window, its stop
+    time) on the lower median of the claims in its sight of the last round's senders (round.pace, as
+    Clock.round_seconds). With a 3x straggler, whose steps the stop time cuts: 16 sybil keys claiming an hour a
+    round or a hundredth of a second (never senders), or two of eight contributors claiming an hour ('stretch'),
+    change nothing: the same virtual time, no round waited out, the same steps cut short. Counting every record
+    in sight (``pace='everyone'``), the hour holds every round open until max_wait_s and the hundredth cuts
+    nearly every honest peer's steps short. A counted sender whose record claims no time yet (written before its
+    first step) counts at the peer's own time: taking only the claims made (the rule before), the first peer to
+    apply round 0 paced its next round on its own time and the liars' hours, claimed before anyone computed,
+    and waited it out."""
+    sc = dict(peers=8, rounds=16, late_p=0.0, slow=((3, 3.0),), sybils=16, votes="contributors")
+    figures = ("waited_out", "virtual_s", "cut_short", "abstained", "resyncs", "final_hashes")
+    stretch = ((1, "stretch"), (5, "stretch"))
+    for seed in seeds(3):
+        base = virtual.run(virtual.Scenario(**sc, seed=seed))
+        assert base["waited_out"] == 0 and base["final_hashes"] == 1 and base["cut_short"] > 0, f"seed={seed}: {base}"
+        for kw in (dict(sybil_pace_s=3600.0), dict(sybil_pace_s=0.01), dict(liars=stretch)):
+            out = virtual.run(virtual.Scenario(**sc, seed=seed, **kw))
+            assert out["violations"] == [] and all(out[k] == base[k] for k in figures), f"seed={seed} {kw}: {out}"
+        hour = virtual.run(virtual.Scenario(**sc, seed=seed, sybil_pace_s=3600.0, pace="everyone"))
+        assert hour["waited_out"] > sc["peers"] * sc["rounds"], f"seed={seed}: {hour}"
+        blink = virtual.run(virtual.Scenario(**sc, seed=seed, sybil_pace_s=0.01, pace="everyone"))
+        assert blink["cut_short"] > 4 * base["cut_short"], f"seed={seed}: {blink}"
+
+    def claims_made_only(times, counted, own):  # type: ignore[no-untyped-def]
+        got = sorted(t for p, t in times.items() if t > 0 and p in counted)
+        return got[(len(got) - 1) // 2] if got else own
+
+    monkeypatch.setattr(virtual.core, "pace", claims_made_only)
+    out = virtual.run(virtual.Scenario(**sc, seed=0, liars=stretch))
+    assert out["waited_out"] > 0, out
+
+
 @pytest.mark.parametrize("update_bytes", [20_000, 2_000_000])
 def test_links_of_unequal_speed_that_lose_transfers_keep_every_round_safe(update_bytes: int) -> None:
     """Each peer's link up to 10x slower and 10x farther than the fastest, 5% of transfers lost and retried a
@@ -389,6 +423,9 @@ def test_the_virtual_faults_name_what_is_modelled() -> None:
     assert virtual.parse_faults("sybils:16", 4) == {"liars": (), "sybils": 16, "votes": "contributors"}
     assert virtual.parse_faults("flood:8", 4) == {"liars": (), "sybils": 8, "votes": "contributors",
                                                   "sybils_ahead": 1000}
+    assert virtual.parse_faults("sybils:16,claims:3600", 4) == {"liars": (), "sybils": 16, "votes": "contributors",
+                                                                "sybil_pace_s": 3600.0}
+    assert virtual.parse_liars("stretch:2", 4) == ((2, "stretch"),)
     assert virtual.parse_faults("links:10,loss:0.05", 4) == {"liars": (), "link_spread": 10.0, "loss_p": 0.05}
     assert virtual.parse_faults("kill:2@r4,restart:2@r6,stop:3@r5,join:1@r2", 4)["life"] == (
         ("join", 1, 2), ("kill", 2, 4), ("stop", 3, 5), ("restart", 2, 6))
@@ -397,7 +434,8 @@ def test_the_virtual_faults_name_what_is_modelled() -> None:
                         ("kill:bootstrap@r2", "no bootstrap"), ("restart:1@r3", "restart"),
                         ("slow:1x0.5", "1..100"), ("slow:1", "slow:1x5"), ("drift:1,drift:2", "once"),
                         ("clock:3", "clock:P=S"), ("clock:7=1", "does not exist"), ("swizzle", "swizzle@rN"),
-                        ("swizzle@r2,swizzle@r5", "once"), ("links:0.5", "links:S"), ("loss:1", "loss:P")]:
+                        ("swizzle@r2,swizzle@r5", "once"), ("links:0.5", "links:S"), ("loss:1", "loss:P"),
+                        ("claims:x", "claims:S"), ("claims:1,claims:2", "once")]:
         with pytest.raises(ValueError, match=words):
             virtual.parse_faults(spec, 4)
     for spec, words in [("kill:1@r2", "not modelled"), ("censor:9", "does not exist"),
@@ -420,7 +458,7 @@ def test_a_peer_off_the_majority_looks_for_the_chain_the_others_follow_not_its_o
     p.hashes = {-1: "genesis", **dict(chains["A"])}
     for q, name in (("p0001", "A"), ("p0002", "B"), ("p0003", "B"), ("p0004", "B")):
         tail = chains[name]
-        p.records[q] = (0.0, tail, (tail, {-1: "genesis", **dict(tail)}, {0: b"", 1: b""}, {}, Reputation()))
+        p.records[q] = (0.0, tail, (tail, {-1: "genesis", **dict(tail)}, {0: b"", 1: b""}, {}, Reputation()), 2.0)
     sim.clogged = {frozenset(("p0000", q)) for q in ("p0002", "p0003", "p0004")}
     sim._resync(p, 1, ("p0002", "p0003", "p0004"), fork=False)
     assert p.hashes[1] == "a1" and sim.no_offer == 1  # B's offers out of reach: it looks again later

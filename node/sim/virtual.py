@@ -24,7 +24,11 @@ What is modelled, and how:
 - Member records: every peer publishes the tail of its chain after each round and every heartbeat
   (``min(10 s, record_ttl_s / 3)``); a peer's view of the swarm (``core.View``: who is live, present, two
   rounds ahead) is the records it saw within ``record_ttl_s``, re-read at least every heartbeat while a
-  round waits, as the node polls.
+  round waits, as the node polls. A record also claims its writer's round time (its last round's seconds a
+  step times ``inner_steps``, as the node's member record): a peer paces a round (its deadline window, its
+  stop time) on the lower median of the claims in its sight of the last round's senders, its own time before
+  it applied one (``round.pace``, as Clock.round_seconds), read when its compute of the round starts and when
+  its core opens. Nobody is handed the swarm's true pace.
 - A partition (``Scenario.partition``) cuts every delivery between its groups from the first announcement
   of round ``partition_at`` to the first of ``heal_at``: records in flight are lost, the other side's
   records go stale, and each side trains on as its own swarm.
@@ -49,6 +53,9 @@ Adversaries (``Scenario.liars``): a real core whose outputs a policy rewrites, n
   the robust rule's screens (protocol/screening.py: the node's code, run on the vectors' exact Gram matrix)
   and the reputation table, shared state like the ledger: a screened-out sender is no contributor.
   ``Scenario.aggregation = "mean"`` counts every update in the set (the rule before the screens).
+- ``stretch``: an honest witness and update whose member records claim an hour a round (``PACE_LIE_S``), and
+  ``Scenario.sybil_pace_s``: the sybil keys' records claim that many seconds. ``Scenario.pace = "everyone"``
+  paces on every record in sight instead of the last round's senders' (the rule an attacker would want).
 ``Scenario.rule`` picks the decision: ``witnesses`` (the core: what a strict majority of the counted reports
 lists) or ``leader`` (the rule before witnesses: the lowest-id witness's report is the round's set), so that
 a test shows an attack succeeding without the defence and failing with it.
@@ -93,7 +100,9 @@ FORK_SYNC_S = 10.0  # how long a peer off the winning chain looks for its state 
 OFFER_POLL_S = 0.5  # how often a peer looking for a state offer reads the offers again (statesync.fetch)
 WITNESS_LIES = ("censor", "equivocate", "withhold")  # liars about what they hold (see the module's docstring)
 CONTENT_LIES = ("signflip", "noise", "freerider")  # honest witnesses whose updates do not help
-LIAR_KINDS = WITNESS_LIES + CONTENT_LIES  # the adversaries modelled
+CLAIM_LIES = ("stretch",)  # honest witnesses and updates whose member records claim an hour a round (PACE_LIE_S)
+LIAR_KINDS = WITNESS_LIES + CONTENT_LIES + CLAIM_LIES  # the adversaries modelled
+PACE_LIE_S = 3600.0  # the round time a 'stretch' liar's records claim
 DIM = 64  # an update's content: a vector this long (the robust rule judges it as the node judges tensors)
 NOISE = 1.0  # an honest update: the round's true direction (unit) plus noise of this norm (cosines ~0.5)
 DRIFT = 0.8  # the cosine of one round's true direction to the last's (the loss surface changes slowly)
@@ -155,6 +164,11 @@ class Scenario:
     sybils: int = 0
     sybils_ahead: int = 0  # rounds past the swarm's newest that the sybils' records claim (the 'flood': 1000)
     votes: str = "everyone"
+    # the round time the sybil keys' records claim (0: none, as before). A record costs nothing to make: the node
+    # paces its rounds on the lower median of the claims of the last round's senders only (``pace``:
+    # 'contributors'), never of every record in sight ('everyone': the rule an attacker would want)
+    sybil_pace_s: float = 0.0
+    pace: str = "contributors"
     # a round's eligible witnesses: 'live' (the live trainers when deciding starts) or 'ledger' (the node's
     # eligible_witnesses: contributors of the last 8 rounds). The tests run 'live'; under 'ledger' splits and
     # swizzles converge later and a 20x straggler re-syncs now and then with timely records (node/SWARM.md,
@@ -182,6 +196,8 @@ class Scenario:
                 raise ValueError(f"liar {index}:{kind}: a peer 0..{self.peers - 1} and one of {', '.join(LIAR_KINDS)}")
         if self.votes not in ("contributors", "everyone") or self.sybils < 0 or self.eligible not in ("live", "ledger"):
             raise ValueError(f"votes {self.votes!r}: 'contributors' or 'everyone'; sybils >= 0")
+        if self.pace not in ("contributors", "everyone") or not self.sybil_pace_s >= 0:
+            raise ValueError(f"pace {self.pace!r}: 'contributors' or 'everyone'; sybil_pace_s >= 0")
         if self.aggregation not in ("robust", "mean"):
             raise ValueError(f"aggregation {self.aggregation!r}: 'robust' or 'mean'")
         if self.rule not in ("witnesses", "leader"):
@@ -238,8 +254,9 @@ class VPeer:
     gen: int = 0  # bumped by a re-sync: the compute in flight is of a round given up
     reported: dict[int, frozenset[str]] = field(default_factory=dict)  # round -> the senders its report listed
     sets: dict[int, frozenset[str]] = field(default_factory=dict)  # round -> the senders of the set it applied
-    # q -> (when seen, its tail, the state it offers: its hashes and applied sets up to its newest round)
-    records: dict[str, tuple[float, tuple[chain.Link, ...], Any]] = field(default_factory=dict)
+    # q -> (when seen, its tail, the state it offers: its hashes and applied sets up to its newest round, the
+    # round time it claims)
+    records: dict[str, tuple[float, tuple[chain.Link, ...], Any, float]] = field(default_factory=dict)
     held: int = 0  # changes to ``records`` so far (Simulation._sight keeps what it read of them until the next)
     sight: Any = None  # Simulation._sight's last reading: (held, when a record of it expires, tails, rounds)
     views: dict[int, Any] = field(default_factory=dict)  # round -> the last view of it made (Simulation._view)
@@ -267,7 +284,6 @@ class Simulation:
         self.sc, self.rng = sc, random.Random(sc.seed)
         lies, slow = dict(sc.liars), dict(sc.slow)
         self.peers = {f"p{i:04d}": VPeer(f"p{i:04d}", slow.get(i, 1.0), lies.get(i, "")) for i in range(sc.peers)}
-        # the (lower) median peer's round of inner steps: what members' records say of their pace (clock.round_seconds)
         drift = random.Random(f"{sc.seed}/drift")  # its own stream: a run without drift draws as before
         self.off = {q: drift.uniform(-sc.drift_s, sc.drift_s) if sc.drift_s else 0.0 for q in self.peers}
         self.off.update({f"p{i:04d}": d for i, d in sc.clock_off})
@@ -275,8 +291,6 @@ class Simulation:
         self.bw = {q: sc.bandwidth_bps / sc.link_spread ** links.random() for q in self.peers}
         self.lat = {q: sc.latency_s * sc.link_spread ** links.random() for q in self.peers}
         self.loss = random.Random(f"{sc.seed}/loss")
-        paces = sorted(p.slowness for p in self.peers.values())
-        self.round_s = sc.compute_s * paces[(len(paces) - 1) // 2]
         self.now, self.events, self._seq = 0.0, 0, 0
         self._heap: list[tuple[float, int, Callable[..., None], tuple]] = []  # (time, seq, fn, args)
         self.decided: dict[tuple[int, str, int], bytes] = {}  # (round, chain, side) -> the first set applied on it
@@ -489,7 +503,7 @@ class Simulation:
         tail = p.tail()
         if p.offer is None or p.offer[0] != tail:
             p.offer = (tail, dict(p.hashes), dict(p.applied), dict(p.ledger), p.reputation)
-        record = (tail, p.offer)
+        record = (tail, p.offer, PACE_LIE_S if p.lie == "stretch" else p.step_s * self.sc.inner_steps)
         p.records[p.id] = (self.now, *record)
         p.held += 1
         for k, h in hashes:
@@ -529,7 +543,7 @@ class Simulation:
             for q in self.peers.values():
                 def deliver(q: VPeer = q, sid: str = sid) -> None:
                     if q.alive:
-                        q.records[sid] = (self.now, tail, None)  # no state offered: nobody holds it
+                        q.records[sid] = (self.now, tail, None, self.sc.sybil_pace_s)  # no state offered
                         q.held += 1
                         for k, h in tail:
                             q.weights[k][sid] = h
@@ -633,7 +647,7 @@ class Simulation:
         now, ttl, off, me = self.now, self.sc.record_ttl_s, self.off, p.id
         mine = off[me]
         tails, expires = {}, math.inf
-        for q, (seen, t, _) in p.records.items():
+        for q, (seen, t, _, _) in p.records.items():
             life = ttl + off.get(q, 0.0) - mine
             if now - seen < life and q != me:
                 tails[q] = t
@@ -644,28 +658,42 @@ class Simulation:
         p.sight = (p.held, expires - 1e-9, tails, rounds)
         return tails, rounds
 
+    def _pace(self, p: VPeer) -> float:
+        """p's round time as the node's Clock.round_seconds reads it (``round.pace``): the lower median of the round
+        times that the member records in its sight claim, of the last round's senders (of every record in sight
+        under ``pace='everyone'``), its own time counted as it measured it; before it applied a round, its own
+        time (``min_deadline_s`` before it computed one)."""
+        own = p.step_s * self.sc.inner_steps
+        records = p.records
+        claims = {q: records[q][3] for q in self._sight(p)[0]}
+        claims[p.id] = own
+        return core.pace(claims, claims.keys() if self.sc.pace == "everyone" else p.senders,
+                         own or self.sc.params.min_deadline_s)
+
     # --- a peer's rounds ---------------------------------------------------------------------------
 
     def _compute(self, p: VPeer, r: int, may_abstain: bool = True) -> None:
         if r >= self.sc.rounds:  # the run is over: the pipeline drains (the last round is applied when decided)
             self.at(max(self.now, p.busy_until), lambda gen=p.gen: self._computed(p, r, gen, 0))
             return
-        # the node's loop asks first whether the round is already too late for its fewest steps (not the last)
+        # the node's loop asks first whether the round is already too late for its fewest steps (not the last); the
+        # pace its records say now (clock.StopTime reads it when made: here and when the compute starts)
+        pace = self._pace(p)
         if may_abstain and r + 1 < self.sc.rounds and r not in p.applied and r not in p.reported and \
-                core.too_late(self.now, p.step_s, self.sc.min_steps, self._stop_at(p, r, predict=False)):
+                core.too_late(self.now, p.step_s, self.sc.min_steps, self._stop_at(p, r, False, pace)):
             self._abstain(p, r)
             self._compute(p, r + 1, may_abstain=False)
             return
         t0 = max(self.now, p.busy_until)
         step_s = self.sc.compute_s * p.slowness * (1 + self.sc.spread * (2 * self.rng.random() - 1)) / self.sc.inner_steps
-        self.at(t0, self._poll, p, r, t0, step_s, p.gen)
+        self.at(t0, self._poll, p, r, t0, step_s, p.gen, pace)
 
-    def _poll(self, p: VPeer, r: int, t0: float, step_s: float, gen: int) -> None:
+    def _poll(self, p: VPeer, r: int, t0: float, step_s: float, gen: int, pace: float) -> None:
         """A computing peer reads its round's stop time (clock.RoundClock's watcher) and, with it, when its
         steps end: after the first step past ``min_steps`` whose successor would end after the stop time."""
         if gen != p.gen:
             return
-        stop = self._stop_at(p, r, predict=True)
+        stop = self._stop_at(p, r, True, pace)
         boundary = math.ceil((self.now - t0) / step_s - 1e-9)  # the next step boundary, where it asks again
         steps = self.sc.inner_steps if stop is None else \
             min(self.sc.inner_steps, max(self.sc.min_steps, boundary, math.floor((stop - t0) / step_s)))
@@ -673,20 +701,21 @@ class Simulation:
         if end <= self.now + POLL_S:
             self.at(end, self._computed, p, r, gen, steps, step_s)
         else:
-            self.at(self.now + POLL_S, self._poll, p, r, t0, step_s, gen)
+            self.at(self.now + POLL_S, self._poll, p, r, t0, step_s, gen, pace)
 
-    def _stop_at(self, p: VPeer, r: int, predict: bool) -> float | None:
+    def _stop_at(self, p: VPeer, r: int, predict: bool, pace: float) -> float | None:
         """Round r's stop time from what p saw: the first sightings of its announcements and the trainers
-        keeping up (clock.StopTime; with ``predict``, from round r - 1's deadline before r's is known)."""
+        keeping up, at the round time ``pace`` (clock.StopTime; with ``predict``, from round r - 1's deadline
+        before r's is known)."""
 
         def seen(k: int) -> tuple[dict[str, float], int]:
             first = self._announced(p, k)
             v = self._view(p, k)
             return first, 1 + len(v.counted - (v.ahead - first.keys()))
 
-        window = core.window_s(self.sc.params, self.round_s)
+        window = core.window_s(self.sc.params, pace)
         previous = seen(r - 1) if predict and r > 0 else None
-        return core.stop_at(*seen(r), window, self.round_s, previous)
+        return core.stop_at(*seen(r), window, pace, previous)
 
     def _abstain(self, p: VPeer, r: int) -> None:
         """p sits round r out: it says so at once (nobody waits for its report) and observes the round later."""
@@ -806,7 +835,7 @@ class Simulation:
         # the node's rule ('ledger'): the contributors of the last WITNESS_WINDOW rounds; 'live': the live
         # trainers when deciding starts (node/SWARM.md, "Not done": the two differ in the simulator's results)
         eligible = frozenset(eligible_witnesses(p.ledger, r)) if self.sc.eligible == "ledger" else frozenset()
-        c = core.RoundCore(self.sc.params, r, p.id, eligible, sender, p.hashes[r - 1], self.round_s, self.now,
+        c = core.RoundCore(self.sc.params, r, p.id, eligible, sender, p.hashes[r - 1], self._pace(p), self.now,
                            witnessed=self._witnessed)
         p.cores[r] = c
         p.newest = max(p.newest, r)
@@ -1058,7 +1087,7 @@ class Simulation:
         if links is None:
             tails = self._tails(p, with_me=False)
             links = {link for w in chain.winner(tails) for link in tails[w]}
-        offers = [_Offer(q, t[-1][0] + 1, t[-1][1], offer) for q, (seen, t, offer) in p.records.items()
+        offers = [_Offer(q, t[-1][0] + 1, t[-1][1], offer) for q, (seen, t, offer, _) in p.records.items()
                   if q != p.id and t and offer is not None and self._fresh(p, q, seen) and t[-1][0] > after
                   and self.peers[q].alive and self._linked(p, self.peers[q])]
         good = sync_rules.trusted_offers(offers, links=links, expected=lambda r: None)
@@ -1182,13 +1211,14 @@ def parse_faults(spec: str | None, peers: int) -> dict[str, Any]:
     clocks off (``drift:S``: each peer's by U(-S, S) seconds; ``clock:P=S``: peer P's by S), and
     swizzle-clogging (``swizzle@rN``, ``swizzle:S@rN``), ``sybils:N`` (keys of the attacker's making voting
     for a made-up chain; votes counted per recent contributor), ``flood:N`` (the same keys, their records 1000
-    rounds ahead: the process tests' 'flood'), and per-link networks (``links:S``: each peer's
-    link up to S times slower and S times farther than the fastest; ``loss:P``: transfers lost and retried). ValueError names the item and what to write
-    instead."""
+    rounds ahead: the process tests' 'flood'; ``claims:S``: their records claim S seconds a round), and per-link
+    networks (``links:S``: each peer's link up to S times slower and S times farther than the fastest; ``loss:P``:
+    transfers lost and retried). ValueError names the item and what to write instead."""
     from gradnode.node.sim import faults
 
     items = [x.strip() for x in re.split(r",(?![0-9]+(?:[,|][0-9]+)*@r)", spec or "") if x.strip()]
-    clocks = [x for x in items if x.startswith(("drift:", "clock:", "swizzle", "sybils:", "flood:", "links:", "loss:"))]
+    clocks = [x for x in items
+              if x.startswith(("drift:", "clock:", "swizzle", "sybils:", "flood:", "claims:", "links:", "loss:"))]
     timed = [x for x in items if x.startswith(("partition:", "heal@", "slow:", *(f"{a}:" for a in LIFE_ACTIONS)))]
     out: dict[str, Any] = {"liars": parse_liars(",".join(x for x in items if x not in timed + clocks), peers)}
     offsets: list[tuple[int, float]] = []
@@ -1201,6 +1231,13 @@ def parse_faults(spec: str | None, peers: int) -> dict[str, Any]:
                                  "most, S >= 1) or loss:P (each transfer lost with probability P < 1), once")
             out[field] = value
             continue
+        claim = re.fullmatch(r"claims:([0-9.]+)", raw)
+        if claim is not None and "sybil_pace_s" not in out:
+            out["sybil_pace_s"] = float(claim[1])
+            continue
+        if raw.startswith("claims:"):
+            raise ValueError(f"--faults: {raw!r}: write claims:S (the sybil keys' records claim S seconds a round), "
+                             "once")
         n = re.fullmatch(r"(sybils|flood):([0-9]+)", raw)
         if n is not None and "sybils" not in out:  # votes: the node's rule, one per recent contributor
             out.update(sybils=int(n[2]), votes="contributors", **({"sybils_ahead": 1000} if n[1] == "flood" else {}))

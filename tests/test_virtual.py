@@ -470,6 +470,71 @@ def test_a_peer_off_the_majority_looks_for_the_chain_the_others_follow_not_its_o
     assert p.resyncs == 1 and p.hashes[1] == "b1", p.hashes
 
 
+def test_a_donor_is_known_by_its_record_only_and_one_out_of_reach_costs_a_timeout() -> None:
+    """A peer looking for a state knows a donor by its member record only, not whether its process runs or its link
+    carries (until stop 43 the simulator left dead and cut-off donors out, and a peer took an older state from a
+    live one at once). The node asks the newest round's donors (statesync.fetch), and a chunk asked of one out of
+    reach goes to the next a stream's open timeout later (transport._OPEN_S); with none of them in reach the
+    download fails, and an older round's offer is not taken instead."""
+    from gradnode.protocol.reputation import Reputation
+
+    sim = virtual.Simulation(virtual.Scenario(peers=4, rounds=4, seed=0))
+    p = sim.peers["p0000"]
+    old, new = ((0, "b0"),), ((0, "b0"), (1, "b1"))
+    for q, tail in (("p0001", new), ("p0002", new), ("p0003", old)):
+        p.records[q] = (0.0, tail, (tail, {-1: "genesis", **dict(tail)}, {k: b"" for k, _ in tail}, {}, Reputation()),
+                        2.0)
+    links = set(new)
+    state, lost = sim._newest_offer(p, links)
+    assert state[0] == new and lost == 0.0
+    sim.peers["p0001"].alive = False  # p0002 serves round 1's state, after a timeout on p0001
+    state, lost = sim._newest_offer(p, links)
+    assert state[0] == new and lost == virtual.OPEN_S
+    sim.peers["p0002"].alive = False  # both donors of round 1 dead: the download fails; p0003's round 0 is no answer
+    assert sim._newest_offer(p, links) == (None, virtual.OPEN_S)
+    sim.peers["p0001"].alive = sim.peers["p0002"].alive = True
+    sim.clogged = {frozenset(("p0000", "p0001"))}  # a cut link is the same
+    assert sim._newest_offer(p, links)[1] == virtual.OPEN_S
+    p.records.clear()
+    assert sim._newest_offer(p, links) == (None, 0.0)
+
+
+def test_asking_the_witnesses_waits_for_those_out_of_reach_and_a_liar_serves_its_lie() -> None:
+    """A peer that asks the missing witnesses for their reports (AskWitnesses, Agreement.ask: a stream each) hears
+    the ones in reach, a liar telling it what its policy tells it over the DHT (until stop 43 the simulator served
+    the liar's honest report), and goes on when every stream has ended: one to a dead witness, a cut link or a
+    key with no process behind it (a sybil's) fails after a stream's open timeout (transport._OPEN_S), or at the
+    ask's own deadline when that comes first."""
+    sim = virtual.Simulation(virtual.Scenario(peers=4, rounds=4, seed=0))
+    p, q = sim.peers["p0000"], sim.peers["p0001"]
+    c = virtual.core.RoundCore(sim.sc.params, 0, p.id, frozenset(), True, "genesis", 2.0, 0.0)
+    held = q.cores[0] = virtual.core.RoundCore(sim.sc.params, 0, q.id, frozenset(), True, "genesis", 2.0, 0.0)
+    honest = held.reports[q.id] = virtual.core.Report(q.id, "genesis", b"h" * 16, digest=b"h" * 16)
+    lie = virtual.core.Report(q.id, "genesis", b"l" * 16, digest=b"l" * 16)
+    heard: list[tuple[float, list]] = []
+    sim._asked = lambda p_, c_, got: heard.append((sim.now, got))  # type: ignore[method-assign]
+
+    def ask(witnesses: tuple[str, ...], wait_s: float) -> tuple[float, list]:
+        heard.clear()
+        sim.now = 2 * sim.sc.latency_s  # asked at 0, answered a round trip later
+        sim._answer(p, c, witnesses, wait_s)
+        while sim._heap and not heard:
+            sim.now, _, fn, args = virtual.heapq.heappop(sim._heap)
+            fn(*args)
+        return heard[0]
+
+    assert ask(("p0001",), 5.0) == (2 * sim.sc.latency_s, [honest])  # all in reach: at once
+    sim.peers["p0002"].alive = False
+    for witnesses in (("p0001", "p0002"), ("p0001", "s0000")):
+        assert ask(witnesses, 60.0) == (virtual.OPEN_S, [honest])  # a dead witness, a sybil key: the timeout
+    assert ask(("p0001", "p0002"), 2.0)[0] == 2.0  # or the ask's own deadline, sooner
+    sim.clogged = {frozenset(("p0000", "p0001"))}
+    assert ask(("p0001",), 60.0) == (virtual.OPEN_S, [])  # a cut link: nothing heard, after the timeout
+    sim.clogged = set()
+    q.lie, q.told[0] = "censor", lambda to: lie
+    assert ask(("p0001",), 5.0)[1] == [lie]
+
+
 def test_a_restarted_peer_reads_what_reaches_it_after_it_starts() -> None:
     """A peer reads what reached it at its polls (a mailbox per poll). The DHT holds a record for whoever reads
     it: one that reaches a peer after its process (re)started is read at its next poll, as any other; one that

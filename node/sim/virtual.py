@@ -37,7 +37,8 @@ What is modelled, and how:
   hash of r with the majority of the reports it received, groups the tails in its sight by chain
   (protocol/chain.py), and chain.Follow says whether it leaves its chain: then it adopts the newest state a
   peer of the winning chain offers, after a download time, as the node's chores thread and
-  Peer._settle_chores do.
+  Peer._settle_chores do. It knows a donor by its record only: one whose process died or whose link is cut
+  costs a stream's open timeout (``OPEN_S``), and with no donor of the newest state in reach it looks again.
 
 Adversaries (``Scenario.liars``): a real core whose outputs a policy rewrites, never a mock.
 - ``censor``: its report lists only its own update (the 'lowid' attacker of the process tests: a witness
@@ -98,6 +99,7 @@ LINGER_S = 60.0  # then it serves on while others are not on its state, looking 
 LOOK_S = 2.0  # how often a lingering peer looks at the chains
 FORK_SYNC_S = 10.0  # how long a peer off the winning chain looks for its state offer (node/swarm/sync.py)
 OFFER_POLL_S = 0.5  # how often a peer looking for a state offer reads the offers again (statesync.fetch)
+OPEN_S = 5.0  # a stream to a donor whose process died or whose link is cut fails after this (transport._OPEN_S)
 WITNESS_LIES = ("censor", "equivocate", "withhold")  # liars about what they hold (see the module's docstring)
 CONTENT_LIES = ("signflip", "noise", "freerider")  # honest witnesses whose updates do not help
 CLAIM_LIES = ("stretch",)  # honest witnesses and updates whose member records claim an hour a round (PACE_LIE_S)
@@ -274,6 +276,8 @@ class VPeer:
     reasons: dict[int, dict[str, str]] = field(default_factory=dict)  # round -> sender -> why the screens left it out
     reputation: Reputation = field(default_factory=Reputation)  # the robust rule's table (shared state)
     incarnation: int = 0  # bumped when its process dies or starts (its heartbeat belongs to one)
+    # a liar's report of a round as it tells each reader (``Simulation._publish``): what it serves when asked too
+    told: dict[int, Callable[["VPeer"], core.Report]] = field(default_factory=dict)
 
     def tail(self) -> tuple[chain.Link, ...]:
         return tuple((k, self.hashes[k]) for k in sorted(self.hashes)[-TAIL:] if k >= 0)
@@ -591,7 +595,7 @@ class Simulation:
         if gen != p.gen or not p.alive:
             return
         own = max(p.applied, default=-1)
-        offer = self._newest_offer(p, None, after=own)
+        offer, lost = self._newest_offer(p, None, after=own)
         start = own + 1
         if offer is not None:
             tail, hashes, applied, ledger, p.reputation = offer
@@ -605,7 +609,8 @@ class Simulation:
                                                 replay_bytes=missed, state_bytes=self.sc.state_bytes) \
                 if on_chain else "download"
             p.hashes, p.applied, p.ledger, p.senders = dict(hashes), dict(applied), dict(ledger), frozenset()
-            p.busy_until = self.now + self._transfer_s(None, p.id, missed if how == "replay" else self.sc.state_bytes)
+            p.busy_until = self.now + lost + \
+                self._transfer_s(None, p.id, missed if how == "replay" else self.sc.state_bytes)
             self.downloads += how == "download"
             self.catchups += how == "replay"
         self._publish_record(p)
@@ -908,7 +913,7 @@ class Simulation:
                     self._wakes[key] = t
                     self.at(t, self._tick, p, c, key, t)
             elif isinstance(a, core.AskWitnesses):
-                self.at(self.now + 2 * self.sc.latency_s, self._answer, p, c, a.witnesses)
+                self.at(self.now + 2 * self.sc.latency_s, self._answer, p, c, a.witnesses, self.now + a.wait_s)
             elif isinstance(a, core.Decided):
                 if a.fps is None:
                     self.undecided += 1
@@ -927,6 +932,9 @@ class Simulation:
             lied = p.lie == "censor" or p.lie == "equivocate" and _half(to.id, c.round_)
             return told[lie if lied else honest]
 
+        if p.lie:
+            p.told = {k: f for k, f in p.told.items() if k >= c.round_ - 2}
+            p.told[c.round_] = report
         self._broadcast(p, lambda q, now, r=c.round_: self._deliver(q, r, core.ReportSeen(now, report(q))))
 
     def _tick(self, p: VPeer, c: core.RoundCore, key: tuple[str, int, int], t: float) -> None:
@@ -935,9 +943,28 @@ class Simulation:
         if c.phase != "decided" and p.alive and p.cores.get(c.round_) is c:
             self._act(p, c, c.step(core.Members(self.now, self._view(p, c.round_))))
 
-    def _answer(self, p: VPeer, c: core.RoundCore, witnesses: tuple[str, ...]) -> None:
-        got = [q.cores[c.round_].reports[q.id] for q in (self.peers[w] for w in witnesses)
-               if q.alive and self._linked(p, q) and c.round_ in q.cores and q.id in q.cores[c.round_].reports and q.cores[c.round_].seed == c.seed]
+    def _answer(self, p: VPeer, c: core.RoundCore, witnesses: tuple[str, ...], deadline: float) -> None:
+        """The witnesses p asked serve their reports of the round (Agreement.ask: a stream to each), a liar the one
+        its policy tells p. The ask ends when every stream has: one to a witness whose process died, whose link is
+        cut, or that is no process at all (a sybil key) fails after a stream's open timeout (OPEN_S) or at the
+        ask's own deadline, whichever is first; until stop 43 p heard from the live ones and went on at once."""
+        r, got, missing = c.round_, [], False
+        for w in witnesses:
+            q = self.peers.get(w)
+            if q is None or not q.alive or not self._linked(p, q):
+                missing = True
+                continue
+            held = q.cores.get(r)
+            if held is not None and held.seed == c.seed and q.id in held.reports:
+                got.append(q.told[r](p) if q.lie and r in q.told else held.reports[q.id])
+        asked_at = self.now - 2 * self.sc.latency_s
+        end = min(deadline, asked_at + OPEN_S) if missing else self.now
+        if end > self.now:
+            self.at(end, self._asked, p, c, got)
+        else:
+            self._asked(p, c, got)
+
+    def _asked(self, p: VPeer, c: core.RoundCore, got: list[core.Report]) -> None:
         if c.phase == "deciding" and p.alive and p.cores.get(c.round_) is c:
             self._act(p, c, c.asked(self.now, got))
 
@@ -1078,20 +1105,26 @@ class Simulation:
         if act is not None:
             self._resync(p, r, st.winners, fork=act == "fork")
 
-    def _newest_offer(self, p: VPeer, links: set[chain.Link] | None, after: int = -2) -> Any:
+    def _newest_offer(self, p: VPeer, links: set[chain.Link] | None, after: int = -2) -> tuple[Any, float]:
         """The newest state offered in p's sight past round ``after`` that the node's rule trusts (protocol/sync.py
         ``trusted_offers``: its newest link in ``links``, the winning chain's; None: the chain the other voting
         trainers follow now, as statesync.newest_offers reads it, p's own vote left out; no links at all: the hash
-        most offerers give, the simulator keeps no weight-report majority for that fallback), from a peer p can
-        reach now (a tie: the lowest id, as the node's first download group); None without one."""
+        most offerers give, the simulator keeps no weight-report majority for that fallback), and the seconds its
+        download loses to donors out of reach. p knows a donor by its record only: one whose process died or whose
+        link is cut (a split, a clog) is asked like any other, and a chunk asked of it goes to the next donor a
+        stream's open timeout later (OPEN_S). With no donor of that state in reach the download fails after that
+        timeout: (None, OPEN_S), and the node reads the same offers again until their records expire or a newer
+        state is offered. (None, 0.0) when nothing is offered. The state is the lowest reachable id's (the node's
+        first download group; every donor of one round on one chain offers the same state)."""
         if links is None:
             tails = self._tails(p, with_me=False)
             links = {link for w in chain.winner(tails) for link in tails[w]}
         offers = [_Offer(q, t[-1][0] + 1, t[-1][1], offer) for q, (seen, t, offer, _) in p.records.items()
-                  if q != p.id and t and offer is not None and self._fresh(p, q, seen) and t[-1][0] > after
-                  and self.peers[q].alive and self._linked(p, self.peers[q])]
+                  if q != p.id and t and offer is not None and self._fresh(p, q, seen) and t[-1][0] > after]
         good = sync_rules.trusted_offers(offers, links=links, expected=lambda r: None)
-        return min(good, key=lambda o: o.peer).state if good else None
+        reach = [o for o in good if self.peers[o.peer].alive and self._linked(p, self.peers[o.peer])]
+        lost = OPEN_S if len(reach) < len(good) else 0.0
+        return (min(reach, key=lambda o: o.peer).state if reach else None), lost
 
     def _resync(self, p: VPeer, r: int, winners: tuple[str, ...], fork: bool) -> None:
         """Adopt the newest state offered in p's sight on the winning chain (an offer whose newest link the
@@ -1103,14 +1136,14 @@ class Simulation:
         if fork:
             tails = self._tails(p, with_me=False)
             links = {link for w in winners for link in tails.get(w, ())}
-        offer = self._newest_offer(p, links)
+        offer, lost = self._newest_offer(p, links)
         if offer is None:
             self.no_offer += 1
             until = self.now + (FORK_SYNC_S if fork else self.sc.params.max_wait_s)
             p.busy_until = max(p.busy_until, until)
-            self.at(self.now + OFFER_POLL_S, lambda gen=p.gen: self._look_for_offer(p, r, links, until, gen))
+            self.at(self.now + _again(lost), lambda gen=p.gen: self._look_for_offer(p, r, links, until, gen))
             return
-        self._adopt(p, r, offer)
+        self._adopt(p, r, offer, lost)
 
     def _look_for_offer(self, p: VPeer, r: int, links: set[chain.Link] | None, until: float, gen: int) -> None:
         """p's main loop reads the offers again every OFFER_POLL_S until its look ends (statesync.fetch): one
@@ -1119,14 +1152,15 @@ class Simulation:
         it afresh at each read, statesync.newest_offers: the winners of the look's start move on meanwhile)."""
         if gen != p.gen or not p.alive:
             return
-        offer = self._newest_offer(p, links)
+        offer, lost = self._newest_offer(p, links)
         if offer is not None:
-            self._adopt(p, r, offer)
-        elif self.now + OFFER_POLL_S < until:
-            self.at(self.now + OFFER_POLL_S, lambda: self._look_for_offer(p, r, links, until, gen))
+            self._adopt(p, r, offer, lost)
+        elif self.now + _again(lost) < until:
+            self.at(self.now + _again(lost), lambda: self._look_for_offer(p, r, links, until, gen))
 
-    def _adopt(self, p: VPeer, r: int, offer: Any) -> None:
-        """p downloads ``offer`` and runs on from it (its rounds after the offer's are computed again)."""
+    def _adopt(self, p: VPeer, r: int, offer: Any, lost: float = 0.0) -> None:
+        """p downloads ``offer`` (``lost`` seconds to donors out of reach first) and runs on from it (its rounds
+        after the offer's are computed again)."""
         tail, hashes, applied, ledger, p.reputation = offer
         newest = tail[-1][0]
         p.resyncs += 1
@@ -1135,7 +1169,7 @@ class Simulation:
         self.per_round[r]["resyncs"] += 1
         p.gen += 1
         was_done, p.done = p.done, False
-        p.busy_until = self.now + self._transfer_s(None, p.id, self.sc.state_bytes)
+        p.busy_until = self.now + lost + self._transfer_s(None, p.id, self.sc.state_bytes)
         p.hashes = {k: h for k, h in hashes.items() if k <= newest}
         p.applied = {k: f for k, f in applied.items() if k <= newest}
         p.ledger, p.senders = dict(ledger), frozenset()
@@ -1331,6 +1365,12 @@ def _newest(q: VPeer, key: Any, sent: float) -> bool:
 
 def _everyone(q: str) -> bool:
     return True
+
+
+def _again(lost: float) -> float:
+    """When a peer looking for a state offer reads the offers again: OFFER_POLL_S after it found none, or a second
+    after a download that failed on donors out of reach (``lost``: their stream's open timeout; statesync.fetch)."""
+    return lost + 1.0 if lost else OFFER_POLL_S
 
 
 def run(sc: Scenario) -> dict[str, Any]:

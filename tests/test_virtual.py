@@ -435,7 +435,8 @@ def test_the_virtual_faults_name_what_is_modelled() -> None:
                         ("slow:1x0.5", "1..100"), ("slow:1", "slow:1x5"), ("drift:1,drift:2", "once"),
                         ("clock:3", "clock:P=S"), ("clock:7=1", "does not exist"), ("swizzle", "swizzle@rN"),
                         ("swizzle@r2,swizzle@r5", "once"), ("links:0.5", "links:S"), ("loss:1", "loss:P"),
-                        ("claims:x", "claims:S"), ("claims:1,claims:2", "once")]:
+                        ("claims:x", "claims:S"), ("claims:1.2.3", "claims:S"), ("sybils:2,claims:1,claims:2", "once"),
+                        ("claims:5", "add sybils:N")]:
         with pytest.raises(ValueError, match=words):
             virtual.parse_faults(spec, 4)
     for spec, words in [("kill:1@r2", "not modelled"), ("censor:9", "does not exist"),
@@ -449,10 +450,12 @@ def test_a_peer_off_the_majority_looks_for_the_chain_the_others_follow_not_its_o
     follow, read again at each look, and casts no vote itself (statesync.winning_links: its own chain is the
     one in doubt). p0000 on chain A with p0001; p0002-p0004 on chain B, their links to p0000 clogged, so its
     look finds no offer at first. Then the links unclog and p0004's record goes: B is followed by 2 others, A
-    by 1. Counting its own vote (2 against 2, A's lowest id) it adopted its own chain's state from p0001."""
+    by 1. Counting its own vote (2 against 2, A's lowest id) it adopted its own chain's state from p0001. (Records
+    living 120 s: the first look's download retries B's unreachable donors for 30 s, and the records stand in
+    for ones their writers keep publishing.)"""
     from gradnode.protocol.reputation import Reputation
 
-    sim = virtual.Simulation(virtual.Scenario(peers=5, rounds=4, seed=0))
+    sim = virtual.Simulation(virtual.Scenario(peers=5, rounds=4, seed=0, record_ttl_s=120.0))
     p = sim.peers["p0000"]
     chains = {"A": ((0, "a0"), (1, "a1")), "B": ((0, "b0"), (1, "b1"))}
     p.hashes = {-1: "genesis", **dict(chains["A"])}
@@ -473,65 +476,84 @@ def test_a_peer_off_the_majority_looks_for_the_chain_the_others_follow_not_its_o
 def test_a_donor_is_known_by_its_record_only_and_one_out_of_reach_costs_a_timeout() -> None:
     """A peer looking for a state knows a donor by its member record only, not whether its process runs or its link
     carries (until stop 43 the simulator left dead and cut-off donors out, and a peer took an older state from a
-    live one at once). The node asks the newest round's donors (statesync.fetch), and a chunk asked of one out of
-    reach goes to the next a stream's open timeout later (transport._OPEN_S); with none of them in reach the
-    download fails, and an older round's offer is not taken instead."""
+    live one at once). The node asks the newest round's donors (statesync.fetch): a chunk asked of one out of reach
+    goes to the next a stream's open timeout later (transport._OPEN_S), and with none in reach the download
+    retries them until it gives up (max(10 s, half the look)); an older round's offer is not taken instead."""
     from gradnode.protocol.reputation import Reputation
 
-    sim = virtual.Simulation(virtual.Scenario(peers=4, rounds=4, seed=0))
-    p = sim.peers["p0000"]
     old, new = ((0, "b0"),), ((0, "b0"), (1, "b1"))
-    for q, tail in (("p0001", new), ("p0002", new), ("p0003", old)):
-        p.records[q] = (0.0, tail, (tail, {-1: "genesis", **dict(tail)}, {k: b"" for k, _ in tail}, {}, Reputation()),
-                        2.0)
+
+    def looking() -> tuple[virtual.Simulation, virtual.VPeer]:
+        sim = virtual.Simulation(virtual.Scenario(peers=4, rounds=4, seed=0))
+        p = sim.peers["p0000"]
+        for q, tail in (("p0001", new), ("p0002", new), ("p0003", old)):
+            state = (tail, {-1: "genesis", **dict(tail)}, {k: b"" for k, _ in tail}, {}, Reputation())
+            p.records[q] = (0.0, tail, state, 2.0)
+        return sim, p
+
+    sim, p = looking()
     links = set(new)
-    state, lost = sim._newest_offer(p, links)
-    assert state[0] == new and lost == 0.0
-    sim.peers["p0001"].alive = False  # p0002 serves round 1's state, after a timeout on p0001
-    state, lost = sim._newest_offer(p, links)
-    assert state[0] == new and lost == virtual.OPEN_S
-    sim.peers["p0002"].alive = False  # both donors of round 1 dead: the download fails; p0003's round 0 is no answer
-    assert sim._newest_offer(p, links) == (None, virtual.OPEN_S)
+    state, dead = sim._newest_offer(p, links)
+    assert state[0] == new and dead == 0
+    sim.peers["p0001"].alive = False  # p0002 serves round 1's state
+    state, dead = sim._newest_offer(p, links)
+    assert state[0] == new and dead == 1
+    sim.peers["p0002"].alive = False  # both donors of round 1 dead: p0003's round 0 is no answer
+    assert sim._newest_offer(p, links) == (None, 2)
     sim.peers["p0001"].alive = sim.peers["p0002"].alive = True
     sim.clogged = {frozenset(("p0000", "p0001"))}  # a cut link is the same
-    assert sim._newest_offer(p, links)[1] == virtual.OPEN_S
+    assert sim._newest_offer(p, links)[1] == 1
     p.records.clear()
-    assert sim._newest_offer(p, links) == (None, 0.0)
+    assert sim._newest_offer(p, links) == (None, 0)
+
+    # a re-sync after a hash mismatch (a look of max_wait_s): one dead donor costs its timeout before the download
+    sim, p = looking()
+    sim.peers["p0001"].alive = False
+    sim._resync(p, 0, (), fork=False)
+    assert p.resyncs == 1 and p.hashes[1] == "b1"
+    assert p.busy_until == sim.now + virtual.OPEN_S + sim._transfer_s(None, p.id, sim.sc.state_bytes)
+    # both dead: the download retries them for max(10, 60 / 2) s, and the offers are read again a second later
+    sim, p = looking()
+    sim.peers["p0001"].alive = sim.peers["p0002"].alive = False
+    sim._resync(p, 0, (), fork=False)
+    assert p.resyncs == 0 and sim.no_offer == 1 and min(t for t, *_ in sim._heap) == 31.0
 
 
 def test_asking_the_witnesses_waits_for_those_out_of_reach_and_a_liar_serves_its_lie() -> None:
     """A peer that asks the missing witnesses for their reports (AskWitnesses, Agreement.ask: a stream each) hears
     the ones in reach, a liar telling it what its policy tells it over the DHT (until stop 43 the simulator served
-    the liar's honest report), and goes on when every stream has ended: one to a dead witness, a cut link or a
-    key with no process behind it (a sybil's) fails after a stream's open timeout (transport._OPEN_S), or at the
-    ask's own deadline when that comes first."""
+    the liar's honest report), and goes on when every stream has ended: the transport asks again a witness that
+    served nothing (dead, cut off, a key with no process behind it, or holding no report yet) until the ask's
+    deadline."""
     sim = virtual.Simulation(virtual.Scenario(peers=4, rounds=4, seed=0))
     p, q = sim.peers["p0000"], sim.peers["p0001"]
     c = virtual.core.RoundCore(sim.sc.params, 0, p.id, frozenset(), True, "genesis", 2.0, 0.0)
     held = q.cores[0] = virtual.core.RoundCore(sim.sc.params, 0, q.id, frozenset(), True, "genesis", 2.0, 0.0)
-    honest = held.reports[q.id] = virtual.core.Report(q.id, "genesis", b"h" * 16, digest=b"h" * 16)
-    lie = virtual.core.Report(q.id, "genesis", b"l" * 16, digest=b"l" * 16)
+    pairs = ((p.id, "aa" * 16), (q.id, "bb" * 16))
+    honest = held.reports[q.id] = virtual.core.Report(q.id, "genesis", virtual.pack(pairs), digest=virtual.pack(pairs))
     heard: list[tuple[float, list]] = []
     sim._asked = lambda p_, c_, got: heard.append((sim.now, got))  # type: ignore[method-assign]
 
-    def ask(witnesses: tuple[str, ...], wait_s: float) -> tuple[float, list]:
+    def ask(witnesses: tuple[str, ...], deadline: float) -> tuple[float, list]:
         heard.clear()
+        sim._heap.clear()
         sim.now = 2 * sim.sc.latency_s  # asked at 0, answered a round trip later
-        sim._answer(p, c, witnesses, wait_s)
+        sim._answer(p, c, witnesses, deadline)
         while sim._heap and not heard:
             sim.now, _, fn, args = virtual.heapq.heappop(sim._heap)
             fn(*args)
         return heard[0]
 
-    assert ask(("p0001",), 5.0) == (2 * sim.sc.latency_s, [honest])  # all in reach: at once
+    assert ask(("p0001",), 5.0) == (2 * sim.sc.latency_s, [honest])  # every witness heard: at once
     sim.peers["p0002"].alive = False
-    for witnesses in (("p0001", "p0002"), ("p0001", "s0000")):
-        assert ask(witnesses, 60.0) == (virtual.OPEN_S, [honest])  # a dead witness, a sybil key: the timeout
-    assert ask(("p0001", "p0002"), 2.0)[0] == 2.0  # or the ask's own deadline, sooner
+    for witnesses in (("p0001", "p0002"), ("p0001", "s0000"), ("p0001", "p0003")):  # dead, sybil, no report
+        assert ask(witnesses, 5.0) == (5.0, [honest])  # the deadline
     sim.clogged = {frozenset(("p0000", "p0001"))}
-    assert ask(("p0001",), 60.0) == (virtual.OPEN_S, [])  # a cut link: nothing heard, after the timeout
+    assert ask(("p0001",), 5.0) == (5.0, [])  # a cut link: nothing heard
     sim.clogged = set()
-    q.lie, q.told[0] = "censor", lambda to: lie
+    q.lie = "censor"  # its report as its policy rewrites it, published the simulator's way
+    sim._publish(q, held, pairs)
+    lie = virtual.core.Report(q.id, "genesis", virtual.pack(pairs[1:]), digest=virtual.pack(pairs[1:]))
     assert ask(("p0001",), 5.0)[1] == [lie]
 
 

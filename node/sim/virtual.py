@@ -27,7 +27,7 @@ What is modelled, and how:
   round waits, as the node polls. A record also claims its writer's round time (its last round's seconds a
   step times ``inner_steps``, as the node's member record): a peer paces a round (its deadline window, its
   stop time) on the lower median of the claims in its sight of the last round's senders, its own time before
-  it applied one (``round.pace``, as Clock.round_seconds), read when its compute of the round starts and when
+  it applied one (``round.pace``, as Clock.round_seconds), read when it sets out to compute the round and when
   its core opens. Nobody is handed the swarm's true pace.
 - A partition (``Scenario.partition``) cuts every delivery between its groups from the first announcement
   of round ``partition_at`` to the first of ``heal_at``: records in flight are lost, the other side's
@@ -38,7 +38,8 @@ What is modelled, and how:
   (protocol/chain.py), and chain.Follow says whether it leaves its chain: then it adopts the newest state a
   peer of the winning chain offers, after a download time, as the node's chores thread and
   Peer._settle_chores do. It knows a donor by its record only: one whose process died or whose link is cut
-  costs a stream's open timeout (``OPEN_S``), and with no donor of the newest state in reach it looks again.
+  costs a stream's open timeout (``OPEN_S``), and with no donor of the newest state in reach the download
+  retries until it gives up and the peer looks again.
 
 Adversaries (``Scenario.liars``): a real core whose outputs a policy rewrites, never a mock.
 - ``censor``: its report lists only its own update (the 'lowid' attacker of the process tests: a witness
@@ -100,6 +101,7 @@ LOOK_S = 2.0  # how often a lingering peer looks at the chains
 FORK_SYNC_S = 10.0  # how long a peer off the winning chain looks for its state offer (node/swarm/sync.py)
 OFFER_POLL_S = 0.5  # how often a peer looking for a state offer reads the offers again (statesync.fetch)
 OPEN_S = 5.0  # a stream to a donor whose process died or whose link is cut fails after this (transport._OPEN_S)
+JOIN_LOOK_S = 3.0  # how long a (re)starting peer looks for a newer state (node/swarm/sync.py)
 WITNESS_LIES = ("censor", "equivocate", "withhold")  # liars about what they hold (see the module's docstring)
 CONTENT_LIES = ("signflip", "noise", "freerider")  # honest witnesses whose updates do not help
 CLAIM_LIES = ("stretch",)  # honest witnesses and updates whose member records claim an hour a round (PACE_LIE_S)
@@ -579,7 +581,7 @@ class Simulation:
         p.alive, p.done, p.gen, p.incarnation = True, False, p.gen + 1, p.incarnation + 1
         if fresh:
             p.hashes, p.applied, p.ledger, p.reputation = {-1: "genesis"}, {}, {}, Reputation()
-        p.senders = frozenset()  # in memory only
+        p.senders, p.step_s, p.told = frozenset(), 0.0, {}  # in memory only (its step time: measured anew)
         p.records, p.cores, p.newest, p.offer, p.held, p.views = {}, {}, -1, None, p.held + 1, {}
         p.records_of, p.announcers_of, p.weights = defaultdict(list), defaultdict(dict), defaultdict(dict)
         # what reaches it from now on it reads (the DHT holds it for the new process); its dead process's own fetches
@@ -595,8 +597,10 @@ class Simulation:
         if gen != p.gen or not p.alive:
             return
         own = max(p.applied, default=-1)
-        offer, lost = self._newest_offer(p, None, after=own)
+        offer, dead = self._newest_offer(p, None, after=own)
         start = own + 1
+        if offer is None and dead:  # its look (JOIN_LOOK_S) found only donors out of reach: on from its own state
+            p.busy_until = self.now + JOIN_LOOK_S
         if offer is not None:
             tail, hashes, applied, ledger, p.reputation = offer
             start = tail[-1][0] + 1
@@ -609,7 +613,7 @@ class Simulation:
                                                 replay_bytes=missed, state_bytes=self.sc.state_bytes) \
                 if on_chain else "download"
             p.hashes, p.applied, p.ledger, p.senders = dict(hashes), dict(applied), dict(ledger), frozenset()
-            p.busy_until = self.now + lost + \
+            p.busy_until = self.now + _download_s(dead, JOIN_LOOK_S) + \
                 self._transfer_s(None, p.id, missed if how == "replay" else self.sc.state_bytes)
             self.downloads += how == "download"
             self.catchups += how == "replay"
@@ -669,11 +673,11 @@ class Simulation:
         under ``pace='everyone'``), its own time counted as it measured it; before it applied a round, its own
         time (``min_deadline_s`` before it computed one)."""
         own = p.step_s * self.sc.inner_steps
-        records = p.records
-        claims = {q: records[q][3] for q in self._sight(p)[0]}
+        records, sight = p.records, self._sight(p)[0]
+        everyone = self.sc.pace == "everyone"
+        claims = {q: records[q][3] for q in (sight if everyone else p.senders) if q in sight}
         claims[p.id] = own
-        return core.pace(claims, claims.keys() if self.sc.pace == "everyone" else p.senders,
-                         own or self.sc.params.min_deadline_s)
+        return core.pace(claims, claims.keys() if everyone else p.senders, own or self.sc.params.min_deadline_s)
 
     # --- a peer's rounds ---------------------------------------------------------------------------
 
@@ -945,20 +949,19 @@ class Simulation:
 
     def _answer(self, p: VPeer, c: core.RoundCore, witnesses: tuple[str, ...], deadline: float) -> None:
         """The witnesses p asked serve their reports of the round (Agreement.ask: a stream to each), a liar the one
-        its policy tells p. The ask ends when every stream has: one to a witness whose process died, whose link is
-        cut, or that is no process at all (a sybil key) fails after a stream's open timeout (OPEN_S) or at the
-        ask's own deadline, whichever is first; until stop 43 p heard from the live ones and went on at once."""
-        r, got, missing = c.round_, [], False
+        its policy tells p. The ask ends when every stream has: the node's transport asks again a witness that
+        served nothing (no report yet, its process dead, its link cut, a sybil key with no process) until the ask's
+        deadline, so an ask that did not hear from every witness ends at its deadline; until stop 43 p heard from
+        the live ones and went on at once."""
+        r, got = c.round_, []
         for w in witnesses:
             q = self.peers.get(w)
             if q is None or not q.alive or not self._linked(p, q):
-                missing = True
                 continue
             held = q.cores.get(r)
             if held is not None and held.seed == c.seed and q.id in held.reports:
                 got.append(q.told[r](p) if q.lie and r in q.told else held.reports[q.id])
-        asked_at = self.now - 2 * self.sc.latency_s
-        end = min(deadline, asked_at + OPEN_S) if missing else self.now
+        end = self.now if len(got) == len(witnesses) else deadline
         if end > self.now:
             self.at(end, self._asked, p, c, got)
         else:
@@ -1105,17 +1108,16 @@ class Simulation:
         if act is not None:
             self._resync(p, r, st.winners, fork=act == "fork")
 
-    def _newest_offer(self, p: VPeer, links: set[chain.Link] | None, after: int = -2) -> tuple[Any, float]:
+    def _newest_offer(self, p: VPeer, links: set[chain.Link] | None, after: int = -2) -> tuple[Any, int]:
         """The newest state offered in p's sight past round ``after`` that the node's rule trusts (protocol/sync.py
         ``trusted_offers``: its newest link in ``links``, the winning chain's; None: the chain the other voting
         trainers follow now, as statesync.newest_offers reads it, p's own vote left out; no links at all: the hash
-        most offerers give, the simulator keeps no weight-report majority for that fallback), and the seconds its
-        download loses to donors out of reach. p knows a donor by its record only: one whose process died or whose
-        link is cut (a split, a clog) is asked like any other, and a chunk asked of it goes to the next donor a
-        stream's open timeout later (OPEN_S). With no donor of that state in reach the download fails after that
-        timeout: (None, OPEN_S), and the node reads the same offers again until their records expire or a newer
-        state is offered. (None, 0.0) when nothing is offered. The state is the lowest reachable id's (the node's
-        first download group; every donor of one round on one chain offers the same state)."""
+        most offerers give, the simulator keeps no weight-report majority for that fallback), and how many of that
+        state's donors p cannot reach. p knows a donor by its record only: one whose process died or whose link is
+        cut (a split, a clog) is asked like any other (``_download_s``); with none in reach the download fails:
+        (None, their count), and the node reads the same offers again until their records expire or a newer state
+        is offered (an older one is not taken instead). (None, 0) when nothing is offered. The state is the lowest
+        reachable id's (every donor of one round on one chain offers the same state)."""
         if links is None:
             tails = self._tails(p, with_me=False)
             links = {link for w in chain.winner(tails) for link in tails[w]}
@@ -1123,8 +1125,7 @@ class Simulation:
                   if q != p.id and t and offer is not None and self._fresh(p, q, seen) and t[-1][0] > after]
         good = sync_rules.trusted_offers(offers, links=links, expected=lambda r: None)
         reach = [o for o in good if self.peers[o.peer].alive and self._linked(p, self.peers[o.peer])]
-        lost = OPEN_S if len(reach) < len(good) else 0.0
-        return (min(reach, key=lambda o: o.peer).state if reach else None), lost
+        return (min(reach, key=lambda o: o.peer).state if reach else None), len(good) - len(reach)
 
     def _resync(self, p: VPeer, r: int, winners: tuple[str, ...], fork: bool) -> None:
         """Adopt the newest state offered in p's sight on the winning chain (an offer whose newest link the
@@ -1136,27 +1137,30 @@ class Simulation:
         if fork:
             tails = self._tails(p, with_me=False)
             links = {link for w in winners for link in tails.get(w, ())}
-        offer, lost = self._newest_offer(p, links)
+        look_s = FORK_SYNC_S if fork else self.sc.params.max_wait_s
+        offer, dead = self._newest_offer(p, links)
         if offer is None:
             self.no_offer += 1
-            until = self.now + (FORK_SYNC_S if fork else self.sc.params.max_wait_s)
+            until = self.now + look_s
             p.busy_until = max(p.busy_until, until)
-            self.at(self.now + _again(lost), lambda gen=p.gen: self._look_for_offer(p, r, links, until, gen))
+            again = self.now + _again(dead, look_s)
+            self.at(again, lambda gen=p.gen: self._look_for_offer(p, r, links, until, look_s, gen))
             return
-        self._adopt(p, r, offer, lost)
+        self._adopt(p, r, offer, _download_s(dead, look_s))
 
-    def _look_for_offer(self, p: VPeer, r: int, links: set[chain.Link] | None, until: float, gen: int) -> None:
+    def _look_for_offer(self, p: VPeer, r: int, links: set[chain.Link] | None, until: float, look_s: float,
+                        gen: int) -> None:
         """p's main loop reads the offers again every OFFER_POLL_S until its look ends (statesync.fetch): one
         that turns up in reach (a link unclogged, a split healed) is adopted then. A fork's look trusts the chain
         it set out for (``links``); a hash mismatch's (None) the chain the others follow now (the node's fetch reads
         it afresh at each read, statesync.newest_offers: the winners of the look's start move on meanwhile)."""
         if gen != p.gen or not p.alive:
             return
-        offer, lost = self._newest_offer(p, links)
+        offer, dead = self._newest_offer(p, links)
         if offer is not None:
-            self._adopt(p, r, offer, lost)
-        elif self.now + _again(lost) < until:
-            self.at(self.now + _again(lost), lambda: self._look_for_offer(p, r, links, until, gen))
+            self._adopt(p, r, offer, _download_s(dead, look_s))
+        elif self.now + _again(dead, look_s) < until:
+            self.at(self.now + _again(dead, look_s), lambda: self._look_for_offer(p, r, links, until, look_s, gen))
 
     def _adopt(self, p: VPeer, r: int, offer: Any, lost: float = 0.0) -> None:
         """p downloads ``offer`` (``lost`` seconds to donors out of reach first) and runs on from it (its rounds
@@ -1265,7 +1269,7 @@ def parse_faults(spec: str | None, peers: int) -> dict[str, Any]:
                                  "most, S >= 1) or loss:P (each transfer lost with probability P < 1), once")
             out[field] = value
             continue
-        claim = re.fullmatch(r"claims:([0-9.]+)", raw)
+        claim = re.fullmatch(r"claims:([0-9]+(?:\.[0-9]*)?)", raw)
         if claim is not None and "sybil_pace_s" not in out:
             out["sybil_pace_s"] = float(claim[1])
             continue
@@ -1297,6 +1301,8 @@ def parse_faults(spec: str | None, peers: int) -> dict[str, Any]:
             offsets.append((int(m[2]), float(m[3])))
     if offsets:
         out["clock_off"] = tuple(offsets)
+    if "sybil_pace_s" in out and "sybils" not in out:
+        raise ValueError("--faults: claims:S is what the sybil keys claim: add sybils:N or flood:N")
     sched = faults.parse(",".join(timed), peers, rounds=1 << 30) if timed else faults.Schedule()
     slow = tuple((i, float(o.split("=", 1)[1])) for i, sets in sorted(sched.overrides.items())
                  for o in sets if o.startswith("swarm.slowdown="))
@@ -1367,10 +1373,24 @@ def _everyone(q: str) -> bool:
     return True
 
 
-def _again(lost: float) -> float:
-    """When a peer looking for a state offer reads the offers again: OFFER_POLL_S after it found none, or a second
-    after a download that failed on donors out of reach (``lost``: their stream's open timeout; statesync.fetch)."""
-    return lost + 1.0 if lost else OFFER_POLL_S
+def _give_up_s(look_s: float) -> float:
+    """How long one state download of a look of ``look_s`` seconds retries its donors before it gives up
+    (statesync.fetch: ``max(10, look_s / 2)``, within the look)."""
+    return min(look_s, max(10.0, look_s / 2))
+
+
+def _download_s(dead: int, look_s: float) -> float:
+    """What ``dead`` donors out of reach add to a state download that a reachable one serves: a chunk asks the
+    donors in a random order (transport.fetch_async) and one that cannot answer fails after a stream's open
+    timeout (OPEN_S), so the slowest of a state's many chunks tries about every one of them first."""
+    return min(OPEN_S * dead, _give_up_s(look_s))
+
+
+def _again(dead: int, look_s: float) -> float:
+    """When a peer looking for a state offer reads the offers again: OFFER_POLL_S after it found none (the node
+    sleeps 0.5 s), or a second after a download that retried donors out of reach (``dead`` of them) until it gave
+    up (statesync.fetch)."""
+    return _give_up_s(look_s) + 1.0 if dead else OFFER_POLL_S
 
 
 def run(sc: Scenario) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Annotated, ClassVar, Literal, TypeVar
 
 import msgpack
@@ -292,7 +292,8 @@ def dht_key(run_id: str, what: Table, round_: int | None = None) -> str:
     return f"gradnode/{run_id}/{what}" + ("" if round_ is None else f"/{round_}")
 
 
-def majority_hash(hashes: list[WeightHash], moved: Mapping[str, str] | None = None) -> tuple[str, int] | None:
+def majority_hash(hashes: list[WeightHash], moved: Mapping[str, str] | None = None,
+                  serving: Collection[str] | None = None) -> tuple[str, int] | None:
     """The weight hash the swarm agrees on (one vote per peer), with its count. ``moved``: peers seen to follow
     another chain since they reported (peer -> that chain's hash of the round): their report is of a chain
     they have left, and counts for the one they follow now.
@@ -300,7 +301,10 @@ def majority_hash(hashes: list[WeightHash], moved: Mapping[str, str] | None = No
     A strict majority wins. Without one (e.g. two peers split 1-1 after a partition), the largest
     groups are tied and the group holding the lowest peer id wins, so that every peer resolves the split
     the same way instead of staying diverged (a key ground to the lowest id decides such ties: not
-    defended yet, Trust II).
+    defended yet, Trust II). With ``serving`` (the peers whose records say they accept streams), a tied group
+    that holds one of them wins over one that does not: the losers must download the winners' state, and
+    nobody can download from a client-mode peer (a fast peer and a client split 1-1 in a run's last round, the
+    client's the lower id: the fast peer found no state to fetch, and the run ended on two hashes).
     """
     votes: dict[str, str] = {}
     for h in hashes:
@@ -312,5 +316,7 @@ def majority_hash(hashes: list[WeightHash], moved: Mapping[str, str] | None = No
         return None
     top = max(counts.values())
     lowest_voter = {value: min(p for p, v in votes.items() if v == value) for value, n in counts.items() if n == top}
-    best = min(lowest_voter, key=lowest_voter.__getitem__)
+    served = {value: serving is None or any(p in serving for p, v in votes.items() if v == value)
+              for value in lowest_voter}
+    best = min(lowest_voter, key=lambda value: (not served[value], lowest_voter[value]))
     return best, top

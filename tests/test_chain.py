@@ -155,6 +155,9 @@ def test_a_weight_report_of_a_chain_its_author_has_left_counts_for_the_chain_it_
     # check repairs a split this way when the chains are not in sight yet
     split = chain_view(members(a1=tail("zz", 13), b2=tail("zz", 13), c4=tail("aa", 13)), "c3" * 10, tail("aa", 13))
     assert split.allies == ["c4" * 10] and off_majority(old, "a" * 8, split, 12)
+    # ... unless the "f" pair are client-mode peers and the "a" pair serve: nobody could download "f"'s state,
+    # so the tie goes to "a" and the "f" pair (which can dial out) repair instead
+    assert not off_majority(old, "a" * 8, split, 12, serving={"c3" * 10, "c4" * 10})
     # a peer that drifted alone has no ally to count for it; without a hash of the round nothing is checked
     drifted = chain_view(members(a1=tail("aa", 12), b2=tail("aa", 12)), "c3" * 10, tail("aa", 11, 3) + [(12, "x")])
     assert drifted.allies == [] and off_majority(reports(a1="a" * 8, b2="a" * 8, c3="e" * 8), "e" * 8, drifted, 12)

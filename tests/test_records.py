@@ -116,6 +116,13 @@ def test_majority_hash_prefers_a_majority_then_the_lowest_peer() -> None:
     # one vote per peer: repeating a report does not outvote another peer
     assert majority_hash([wh(high, "dd" * 8), wh(high, "dd" * 8), wh(low, "cc" * 8)]) == ("cc" * 8, 1)
     assert majority_hash([]) is None
+    # a tie goes to a group holding a peer that serves its state (accepts streams) first: the lowest peer a
+    # client-mode one, the other side would have to download from a peer nobody can dial
+    assert majority_hash([wh(low, "cc" * 8), wh(high, "dd" * 8)], serving={high}) == ("dd" * 8, 1)
+    assert majority_hash([wh(low, "cc" * 8), wh(high, "dd" * 8)], serving={low, high}) == ("cc" * 8, 1)
+    assert majority_hash([wh(low, "cc" * 8), wh(high, "dd" * 8)], serving=set()) == ("cc" * 8, 1)
+    # a strict majority stands, served or not
+    assert majority_hash([wh(A, "aa" * 8), wh(B, "aa" * 8), wh(c, "bb" * 8)], serving={c}) == ("aa" * 8, 2)
 
 
 def test_update_sender_reads_the_sender_back_from_an_update_name() -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Collection
 
 from gradnode.node.config import Config
 from gradnode.node.swarm import adversary, statesync
@@ -54,19 +54,21 @@ class StateOffer:
     round: int
 
 
-def off_majority(reports: list[WeightHash], mine: str | None, chains: ChainView, round_: int) -> str | None:
+def off_majority(reports: list[WeightHash], mine: str | None, chains: ChainView, round_: int,
+                 serving: Collection[str] | None = None) -> str | None:
     """Our hash ``mine`` of a round loses the majority vote of its weight reports. A peer that follows our chain
     now counts for our hash: its report is of a chain it has left since (after a healed split the losing
     side adopts the winner's chain, and its old reports of the rounds before the merge tie 2-2 with the
     winners'; the tie went to the losers' old hash, and the winners re-synced towards a state nobody offered
-    any more, stalled max_wait_s, and the run ended split in two). Only a peer seen to hold our state of
+    any more, stalled max_wait_s, and the run ended split in two). ``serving``: the peers that accept streams
+    (a tie goes to a hash one of them holds: records.majority_hash). Only a peer seen to hold our state of
     ``round_`` (the reports' round) or a later one counts so: one whose record is older than our newest
     round says nothing about its hash of it (a peer that drifted alone in the last round counted its three
     honest partners as allies by their round-before, and never re-synced). Returns the majority's hash when
     ours is off it, else None."""
     if mine is None:
         return None
-    found = majority_hash(reports, moved={p: mine for p in chains.allies_since(round_)})
+    found = majority_hash(reports, moved={p: mine for p in chains.allies_since(round_)}, serving=serving)
     return found[0] if found is not None and found[0] != mine else None
 
 
@@ -126,7 +128,8 @@ class Chores:
                 self.save(snap)
         mismatch = None
         if report is not None and before is not None and \
-                off_majority(before, report.previous_hash, chains, report.round - 1) is not None:
+                off_majority(before, report.previous_hash, chains, report.round - 1,
+                             self.members.serving()) is not None:
             mismatch = report.round - 1
         return Findings(mismatch, chains)
 

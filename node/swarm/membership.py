@@ -241,6 +241,13 @@ class Membership:
         return core.pace({p: m.step_seconds * m.inner_steps for p, m in members.items() if m.training},
                          set(self.workers()), own)
 
+    def serving(self) -> set[str]:
+        """The members whose records say they accept streams (not client-mode peers), this one included when it does."""
+        found = {p for p, m in self.members().items() if m.reachable}
+        if not self.transport.cfg.client_mode:
+            found.add(self.identity.peer_id)
+        return found
+
     def sources(self, peer_ids: list[str]) -> list[tuple[str, list[str]]]:
         """(peer id, maddrs) to fetch from; client-mode peers are left out (nobody can dial them)."""
         members = self.members()

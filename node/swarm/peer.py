@@ -613,7 +613,7 @@ class Peer:
         # nobody publishes a newer tail after the end: a drift in the last round shows in the reports alone. They
         # are followed unless the chain rule says ours wins over the chain the majority's hash is on (a tail
         # that disagrees with everyone, one key's, must not switch this repair off)
-        majority = off_majority(reports, mine, chains, last)
+        majority = off_majority(reports, mine, chains, last, self.membership.serving())
         if majority is None or (chains.on_winner and chains.groups > 1 and (last, majority) not in chains.winner_links
                                 and any((last, majority) in set(map(tuple, t)) for t in chains.tails.values())):
             return False

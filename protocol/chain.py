@@ -8,7 +8,9 @@ disagree on one. Peers are grouped by that relation (transitively: a peer one ro
 the others through the rounds they share; but never through a laggard that agrees with both sides of a
 fork), and
 
-    the chain followed by more peers wins; a tie goes to the group holding the lowest peer id.
+    the chain followed by more peers wins; a tie goes to the group holding the lowest peer id (given
+    ``serving``, the peers that accept streams, first to a group holding one of them: the losers must
+    download the winners' state, and nobody can dial a client-mode peer).
 
 Peer counts do not move while two groups merge, so both groups reach the same verdict even when they
 read each other's records a round apart (the cumulative work of a chain changes every round: two
@@ -21,7 +23,7 @@ bulk, which the trust layer bounds (votes by recent contributors only, admission
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 Link = tuple[int, str]  # (round r, hash of the shared weights after applying round r)
@@ -45,7 +47,8 @@ def newest_common(a: Sequence[Link], b: Sequence[Link]) -> int:
     return max((r for r, h in b if left.get(r) == h), default=-1)
 
 
-def split(tails: Mapping[str, Sequence[Link]]) -> tuple[list[list[str]], list[str]]:
+def split(tails: Mapping[str, Sequence[Link]],
+          serving: Collection[str] | None = None) -> tuple[list[list[str]], list[str]]:
     """The peers that can tell which chain they follow, grouped by chain (each group sorted, the largest first,
     a tie to the group holding the lowest id), and the ones that cannot yet (sorted): a peer whose tail agrees
     with two tails that disagree with each other, a laggard holding only rounds from before a fork (records
@@ -80,13 +83,14 @@ def split(tails: Mapping[str, Sequence[Link]]) -> tuple[list[list[str]], list[st
             unsure.append(peer)
         else:
             found.setdefault(root(i), []).append(peer)
-    return sorted(found.values(), key=lambda g: (-len(g), g[0])), unsure
+    served = (lambda g: True) if serving is None else (lambda g: any(p in serving for p in g))
+    return sorted(found.values(), key=lambda g: (-len(g), not served(g), g[0])), unsure
 
 
-def groups(tails: Mapping[str, Sequence[Link]]) -> list[list[str]]:
+def groups(tails: Mapping[str, Sequence[Link]], serving: Collection[str] | None = None) -> list[list[str]]:
     """Peers grouped by chain, the winning group first (``split``); the peers that cannot tell yet last, one
     per group."""
-    found, unsure = split(tails)
+    found, unsure = split(tails, serving)
     return found + [[p] for p in unsure]
 
 
@@ -99,9 +103,9 @@ def decided(found: Sequence[Sequence[str]], unsure: Sequence[str]) -> bool:
     return len(found[0]) - (len(found[1]) if len(found) > 1 else 0) > len(unsure)
 
 
-def winner(tails: Mapping[str, Sequence[Link]]) -> list[str]:
+def winner(tails: Mapping[str, Sequence[Link]], serving: Collection[str] | None = None) -> list[str]:
     """The peers of the winning chain ([] when nobody published a tail, or no verdict stands yet)."""
-    found, unsure = split({p: t for p, t in tails.items() if t})
+    found, unsure = split({p: t for p, t in tails.items() if t}, serving)
     return found[0] if found and decided(found, unsure) else []
 
 
@@ -126,10 +130,10 @@ class Standing:
     tie: bool = False  # off the winning chain only by the lowest-id rule (as many peers on ours)
 
 
-def standing(tails: Mapping[str, Sequence[Link]], me: str) -> Standing:
+def standing(tails: Mapping[str, Sequence[Link]], me: str, serving: Collection[str] | None = None) -> Standing:
     """``me``'s standing by the chain rule. On the winning chain: in its group, or with no tail yet, or unable
     to tell yet while agreeing with it (a round or more behind), or while no verdict stands (``decided``)."""
-    found, unsure = split({p: t for p, t in tails.items() if t})
+    found, unsure = split({p: t for p, t in tails.items() if t}, serving)
     if not found:
         return Standing(True, False, (), len(unsure))
     win, own = found[0], tails.get(me)

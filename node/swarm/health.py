@@ -46,16 +46,18 @@ class ChainView:
         return [p for p in self.allies if chain.newest_common(self.tails.get(p, []), mine) >= round_]
 
 
-def chain_view(members: dict[str, MemberRecord], me: str, my_tail: list[Link]) -> ChainView:
-    """Group the live trainers (this peer with its own newest tail) by chain; see protocol/chain.py."""
+def chain_view(members: dict[str, MemberRecord], me: str, my_tail: list[Link], i_serve: bool = True) -> ChainView:
+    """Group the live trainers (this peer with its own newest tail; ``i_serve``: it accepts streams) by chain; see
+    protocol/chain.py (a tie goes to a chain with a peer that serves its state first)."""
     tails = {p: list(m.chain) for p, m in members.items() if m.training and m.chain and p != me}
     if my_tail:
         tails[me] = list(my_tail)
-    found = chain.groups(tails)
+    serving = {p for p, m in members.items() if m.reachable and p != me} | ({me} if i_serve else set())
+    found = chain.groups(tails, serving)
     trainers = len({p for p, m in members.items() if m.training} | {me})
     if not found:
         return ChainView(trainers=trainers)
-    st = chain.standing(tails, me)
+    st = chain.standing(tails, me, serving)
     win = found[0]
     mine = next((g for g in found if me in g), [me])
     return ChainView(trainers=trainers, groups=len(found), on_winner=st.on_winner,

@@ -82,8 +82,9 @@ def winning_links(membership: Membership, me: str) -> set[Link]:
     empty when no other member publishes its chain. A peer looking for a state does not vote: its own
     chain is the one in doubt (with one other peer in sight, its own vote would make a tie it can win)."""
     votes = membership.votes()
-    tails = {p: m.chain for p, m in membership.fresh().items() if m.training and m.chain and p != me and votes(p)}
-    return {link for p in chain.winner(tails) for link in tails[p]}
+    members = membership.fresh()
+    tails = {p: m.chain for p, m in members.items() if m.training and m.chain and p != me and votes(p)}
+    return {link for p in chain.winner(tails, {p for p, m in members.items() if m.reachable}) for link in tails[p]}
 
 
 def beyond_reach(membership: Membership, me: str) -> Callable[[StateManifest], bool]:

@@ -182,6 +182,20 @@ def test_missing_oversized_and_dead_sources_return_none(trio) -> None:
                    deadline=time.monotonic() + 2) is None  # bounded by the deadlines (a hang: pytest-timeout)
 
 
+def test_a_fetch_ends_once_the_peer_stops_not_at_its_deadline(trio) -> None:
+    """A peer that is leaving (SIGTERM: Peer.stop) ends a download in progress before asking the next holder: a
+    straggler re-syncing when its SIGTERM came retried a holder for its 30 s deadline, and the supervisor killed it
+    10 s after the signal, without its checkpoint. A holder without the blob is asked again every pass until the
+    deadline (400 s here, pytest-timeout at 600 s); with stop set half a second in, the fetch ends long before."""
+    a, b, _ = trio
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    t0 = time.monotonic()
+    got = b.fetch_many([([(a.peer_id, a.maddrs())], "nope")], max_bytes=10**6, deadline=t0 + 400,
+                       verify=lambda name, data: True, stop=stop)
+    assert got == {} and time.monotonic() - t0 < 200
+
+
 def test_token_bucket_caps_the_link(tmp_path: Path) -> None:
     made = []
     try:

@@ -291,7 +291,7 @@ class Peer:
             self._check_genesis_weights()
         self.rules = UpdateRules.of(cfg, {n: tuple(t.shape) for n, t in self.engine.global_params.items()})
         self.sync = Sync(engine=self.engine, history=self.history, members=self.membership, transport=self.transport,
-                         cfg=self.sw, rules=self.rules, tally=self.tally)
+                         cfg=self.sw, rules=self.rules, tally=self.tally, stop=self.stop)
         self._wait_for_peers()
         self._sync_state(reason="join")
         self.tally.joined_round = self.engine.round

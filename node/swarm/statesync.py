@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import threading
 import time
 from collections import Counter
 from typing import Any, Callable
@@ -121,8 +122,10 @@ def newest_offers(membership: Membership, cfg: SwarmConfig, me: str, min_round: 
 
 def fetch(*, transport: Transport, membership: Membership, cfg: SwarmConfig, run_id: str, min_round: int = 0,
           deadline_s: float = 120.0, accept: Callable[[dict[str, Any], StateManifest], bool] = lambda s, m: True,
-          stats: Counter | None = None, links: set[Link] | None = None) -> tuple[dict[str, Any], StateManifest] | None:
-    """Download the swarm's newest agreed state; None when nobody offers one in time.
+          stats: Counter | None = None, links: set[Link] | None = None,
+          stop: threading.Event | None = None) -> tuple[dict[str, Any], StateManifest] | None:
+    """Download the swarm's newest agreed state; None when nobody offers one in time, or once ``stop`` is set
+    (the peer is leaving: a donor out of reach is not waited for).
 
     Offers of the chosen round that list the same chunks form a group; the largest group is fetched
     first (ties: the lowest peer id), each chunk from any member of the group. A group whose state
@@ -133,14 +136,17 @@ def fetch(*, transport: Transport, membership: Membership, cfg: SwarmConfig, run
     stats = stats if stats is not None else Counter()
     deadline = time.monotonic() + deadline_s
     bad: set[str] = set()
-    while time.monotonic() < deadline:
+    stop = stop if stop is not None else threading.Event()
+    while time.monotonic() < deadline and not stop.is_set():
         offers = newest_offers(membership, cfg, transport.peer_id, min_round, bad, links)
         if not offers:
-            time.sleep(0.5)
+            stop.wait(0.5)
             continue
         for group in sync_rules.download_order(offers):
+            if stop.is_set():
+                break
             got = _download(group, transport=transport, membership=membership, cfg=cfg, run_id=run_id,
-                            deadline=min(deadline, time.monotonic() + max(10.0, deadline_s / 2)))
+                            deadline=min(deadline, time.monotonic() + max(10.0, deadline_s / 2)), stop=stop)
             ref = group[0]
             if got is None:
                 stats["incomplete"] += 1
@@ -162,12 +168,12 @@ def fetch(*, transport: Transport, membership: Membership, cfg: SwarmConfig, run
                         ",".join(m.peer[:12] for m in group))
         # no group gave a whole state (a chunk every donor served wrong ends a download at once): read the
         # offers again after a pause, not in a tight loop
-        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        stop.wait(min(1.0, max(0.0, deadline - time.monotonic())))
     return None
 
 
 def _download(group: list[StateManifest], *, transport: Transport, membership: Membership, cfg: SwarmConfig,
-              run_id: str, deadline: float) -> bytes | None:
+              run_id: str, deadline: float, stop: threading.Event | None = None) -> bytes | None:
     """All chunks of one offer, each from any donor of the group (random order per chunk, so joiners spread
     over donors; a donor at its upload slots answers 'busy' and the chunk goes to the next one)."""
     ref = group[0]
@@ -178,7 +184,7 @@ def _download(group: list[StateManifest], *, transport: Transport, membership: M
             for i, d in enumerate(ref.chunks)]
     want = {state_chunk_name(run_id, ref.round, d): d for d in ref.chunks}
     got = transport.fetch_many(jobs, max_bytes=cfg.state_chunk_bytes, deadline=deadline,
-                               verify=lambda name, data: hashlib.sha256(data).hexdigest() == want[name])
+                               verify=lambda name, data: hashlib.sha256(data).hexdigest() == want[name], stop=stop)
     if len(got) != len(want):
         log.warning("state fetch incomplete round=%d chunks=%d/%d", ref.round, len(got), len(want))
         return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from typing import TYPE_CHECKING, Any
 
 from gradnode.node.config import SwarmConfig
@@ -35,9 +36,10 @@ class Sync:
     """Levels ``engine`` with the swarm and records what it adopted in ``history``."""
 
     def __init__(self, *, engine: "Engine", history: RoundLog, members: Membership, transport: Transport,
-                 cfg: SwarmConfig, rules: UpdateRules, tally: Tally) -> None:
+                 cfg: SwarmConfig, rules: UpdateRules, tally: Tally, stop: threading.Event | None = None) -> None:
         self.engine, self.history, self.members, self.transport = engine, history, members, transport
         self.cfg, self.rules, self.run_id, self.tally = cfg, rules, rules.run_id, tally
+        self.stop = stop  # set when the peer leaves: a download in progress ends then (statesync.fetch)
 
     def level(self, reason: str, force: bool = False, links: set[Link] | None = None) -> bool:
         """Adopt the swarm's newest agreed state when it is ahead of ours (or when ``force``): replay the
@@ -74,7 +76,7 @@ class Sync:
             deadline_s = JOIN_LOOK_S
         got = statesync.fetch(transport=self.transport, membership=self.members, cfg=self.cfg, run_id=self.run_id,
                               min_round=min_round, deadline_s=deadline_s,
-                              accept=accept, stats=self.tally.sync, links=links)
+                              accept=accept, stats=self.tally.sync, links=links, stop=self.stop)
         if got is None:
             if force:
                 log.warning("re-sync (%s) found no state offer; continuing", reason)

@@ -605,17 +605,20 @@ class Transport:
         return self._run(self.fetch_async(sources, name, max_bytes=max_bytes, deadline=deadline, verify=verify),
                          max(1.0, deadline - time.monotonic() + 5))
 
-    async def fetch_async(self, sources: Sources, name: str, *, max_bytes: int,
-                          deadline: float, verify: Callable[[bytes], bool] = lambda _: True) -> bytes | None:
+    async def fetch_async(self, sources: Sources, name: str, *, max_bytes: int, deadline: float,
+                          verify: Callable[[bytes], bool] = lambda _: True,
+                          stop: threading.Event | None = None) -> bytes | None:
         """Try holders in a random order (a callable ``sources`` is re-read every pass: new holders join
-        the pool as the blob spreads); back off between passes; give up at ``deadline``. A holder whose bytes
+        the pool as the blob spreads); back off between passes; give up at ``deadline``, or once ``stop`` is set
+        (before the next holder is asked: the peer is leaving, and a supervisor kills it 10 s after its SIGTERM;
+        a re-sync retrying unreachable donors until its 30 s deadline was killed so). A holder whose bytes
         failed ``verify`` is not asked for this blob again: it lied or holds a broken copy, and asking it
         every pass kept a fetch from one such holder busy to its deadline (a witness serving a report that
         is not its own held an asking peer up for the whole wait)."""
         me = self.peer_id
         passes = 0
         refused: set[str] = set()  # holders whose bytes for this name failed verify
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
             local = self.blobs.get(name)  # pushed to us, or fetched by another task meanwhile
             if local is not None and len(local) <= max_bytes and verify(local):
                 return local
@@ -633,7 +636,7 @@ class Transport:
             order.sort(key=lambda s: (s[0] in slow, s[0] == origin))
             for peer, addrs in order:
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 or (stop is not None and stop.is_set()):
                     return None
                 try:
                     data = await asyncio.wait_for(self._fetch(peer, name, max_bytes, addrs), left)
@@ -751,11 +754,12 @@ class Transport:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def fetch_many(self, jobs: list[tuple[list[tuple[str, list[str]]], str]], *, max_bytes: int, deadline: float,
-                   verify: Callable[[str, bytes], bool]) -> dict[str, bytes]:
-        """Fetch several blobs concurrently; returns {name: bytes} for those that arrived and verified."""
+                   verify: Callable[[str, bytes], bool], stop: threading.Event | None = None) -> dict[str, bytes]:
+        """Fetch several blobs concurrently; returns {name: bytes} for those that arrived and verified (``stop``:
+        fetch_async's)."""
         async def one(sources, name):
             data = await self.fetch_async(sources, name, max_bytes=max_bytes, deadline=deadline,
-                                          verify=lambda d: verify(name, d))
+                                          verify=lambda d: verify(name, d), stop=stop)
             return name, data
 
         async def all_():

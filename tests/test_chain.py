@@ -110,7 +110,7 @@ def test_a_peer_sees_whether_it_lost_to_a_larger_chain_or_only_to_the_tie_rule()
     from gradnode.node.swarm.health import chain_view
 
     def members(**tails: list) -> dict:
-        return {p: SimpleNamespace(training=True, chain=t, reachable=True) for p, t in tails.items()}
+        return {p: SimpleNamespace(training=True, chain=t) for p, t in tails.items()}
 
     # 3 peers: the drifted one ("a1", lowest id) is off the chain of the other two, not in a tie
     view = chain_view(members(b1=tail("aa", 5), c1=tail("aa", 5)), "a1", tail("zz", 5))
@@ -126,9 +126,8 @@ def test_a_peer_sees_whether_it_lost_to_a_larger_chain_or_only_to_the_tie_rule()
     assert chain_view(members(b1=tail("aa", 5), c1=tail("aa", 5)), "d1", tail("aa", 5)).on_winner is True
     # a 1-1 tie whose lowest id is a client-mode peer (its record: reachable False) goes to the peer that serves:
     # nobody could download the client's state; the client (it can dial out) is the one off the winning chain
-    client = {"a1": SimpleNamespace(training=True, chain=tail("zz", 5), reachable=False)}
-    assert chain_view(client, "c1", tail("aa", 5)).on_winner is True
-    assert chain_view(members(c1=tail("aa", 5)), "a1", tail("zz", 5), i_serve=False).on_winner is False
+    assert chain_view(members(a1=tail("zz", 5)), "c1", tail("aa", 5), serving={"c1"}).on_winner is True
+    assert chain_view(members(c1=tail("aa", 5)), "a1", tail("zz", 5), serving={"c1"}).on_winner is False
     assert winner({"a1": tail("zz", 5), "c1": tail("aa", 5)}, serving={"c1"}) == ["c1"]
     assert winner({"a1": tail("zz", 5), "c1": tail("aa", 5)}) == ["a1"]  # no word of who serves: as before
 
@@ -146,7 +145,7 @@ def test_a_weight_report_of_a_chain_its_author_has_left_counts_for_the_chain_it_
     from gradnode.protocol.records import WeightHash
 
     def members(**tails: list) -> dict:
-        return {p * 10: SimpleNamespace(training=True, chain=t, reachable=True) for p, t in tails.items()}
+        return {p * 10: SimpleNamespace(training=True, chain=t) for p, t in tails.items()}
 
     def reports(**hashes: str) -> list:  # peer ids of 20 base58 characters, hashes in hex
         return [WeightHash(run_id="r", round=12, peer=p * 10, param_hash=h) for p, h in hashes.items()]
@@ -181,7 +180,7 @@ def test_an_ally_by_an_older_round_does_not_vote_for_our_hash_of_a_newer_one() -
     from gradnode.node.swarm.health import chain_view
     from gradnode.protocol.records import WeightHash
 
-    others = {p * 10: SimpleNamespace(training=True, chain=tail("aa", 11), reachable=True) for p in ("a1", "b2", "c3")}
+    others = {p * 10: SimpleNamespace(training=True, chain=tail("aa", 11)) for p in ("a1", "b2", "c3")}
     view = chain_view(others, "d4" * 10, tail("aa", 11, 3) + [(12, "x")])
     assert sorted(view.allies) == ["a1" * 10, "b2" * 10, "c3" * 10] and view.allies_since(12) == []
     assert view.allies_since(11) == sorted(view.allies)

@@ -13,6 +13,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Collection
 
 from gradnode.node import write_json
 from gradnode.protocol import chain
@@ -46,13 +47,13 @@ class ChainView:
         return [p for p in self.allies if chain.newest_common(self.tails.get(p, []), mine) >= round_]
 
 
-def chain_view(members: dict[str, MemberRecord], me: str, my_tail: list[Link], i_serve: bool = True) -> ChainView:
-    """Group the live trainers (this peer with its own newest tail; ``i_serve``: it accepts streams) by chain; see
-    protocol/chain.py (a tie goes to a chain with a peer that serves its state first)."""
+def chain_view(members: dict[str, MemberRecord], me: str, my_tail: list[Link],
+               serving: Collection[str] | None = None) -> ChainView:
+    """Group the live trainers (this peer with its own newest tail) by chain; see protocol/chain.py (given
+    ``serving``, Membership.serving, a tie goes to a chain with a peer that serves its state first)."""
     tails = {p: list(m.chain) for p, m in members.items() if m.training and m.chain and p != me}
     if my_tail:
         tails[me] = list(my_tail)
-    serving = {p for p, m in members.items() if m.reachable and p != me} | ({me} if i_serve else set())
     found = chain.groups(tails, serving)
     trainers = len({p for p, m in members.items() if m.training} | {me})
     if not found:

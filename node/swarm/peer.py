@@ -557,7 +557,7 @@ class Peer:
         self.book.note((p, list(m.maddrs)) for p, m in members.items())
         votes = self.membership.votes()  # a chain counts the recent contributors following it, not keys
         view = health.chain_view({p: m for p, m in members.items() if votes(p)}, self.identity.peer_id,
-                                 self.history.tail(), i_serve=not self.cfg.swarm.client_mode)
+                                 self.history.tail(), self.membership.serving())
         self.chains = view
         self._write_health()
         return view

@@ -170,3 +170,35 @@ def test_a_peer_that_adopts_an_earlier_state_keeps_the_updates_of_the_rounds_it_
     assert peer._sync_state("fork", force=True, links=set())
     assert all(peer.transport.blobs.get(name) == data for name, data in held.items())
     assert [p.name for p in checkpoint.list_checkpoints(folder)] == ["round-00000012"]
+
+
+def test_the_peers_votes_are_its_ledger_the_senders_it_verified_and_no_banned_key(tmp_path) -> None:
+    """Whose reports and chains a node counts (Peer._voters, protocol/votes.py): its chain's contributors
+    ledger, and the senders whose updates its exchanges verified in the last 64 rounds (not one its own loss
+    check doubted), whatever chain they follow; a key the reputation table bans or that equivocated has none.
+    Everyone counts before the engine applied a round (an empty ledger)."""
+    from types import SimpleNamespace
+
+    from _tiny import tiny_config
+    from gradnode.node.swarm.peer import Peer
+    from gradnode.node.train.engine import Engine
+    from gradnode.protocol.reputation import Reputation
+    from gradnode.protocol.votes import CONTRIBUTOR_ROUNDS
+
+    peer = Peer(tiny_config(tmp_path))
+    peer.engine = Engine(peer.cfg)
+    me = peer.identity.peer_id
+
+    def exchange(round_: int, *senders: str, doubted: tuple[str, ...] = ()) -> SimpleNamespace:
+        return SimpleNamespace(round=round_, me=me, verified=dict.fromkeys((me, *senders)), doubted=set(doubted))
+
+    peer._note_workers(exchange(0, "QmWorker", "QmDoubted", doubted=("QmDoubted",)))
+    assert peer._voters() == frozenset()  # no round applied: every key counts
+    peer.engine.contributors, peer.engine.round = {me: 0, "QmSameChain": 0}, 1
+    assert peer._voters() == {me, "QmSameChain", "QmWorker"}
+    peer.engine.reputation = Reputation(scores={"QmWorker": 0.1})  # banned by the shared table
+    assert peer._voters() == {me, "QmSameChain"}
+    peer.engine.reputation = Reputation()
+    peer.engine.round = CONTRIBUTOR_ROUNDS + 1  # its last verified update is out of the window
+    peer._note_workers(exchange(CONTRIBUTOR_ROUNDS, "QmLater"))
+    assert peer._voters() == {me, "QmSameChain", "QmLater"} and "QmWorker" not in peer.workers

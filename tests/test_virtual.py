@@ -341,6 +341,23 @@ def test_sybil_keys_move_no_peer_when_only_contributors_vote() -> None:
         assert virtual.run(virtual.Scenario(**sc, votes="everyone"))["no_offer"] > 0, f"seed={seed}"
 
 
+def test_a_peer_that_forked_alone_in_round_0_counts_the_peers_working_beside_it() -> None:
+    """Votes counted by the contributors ledger alone (``votes='ledger'``, the node's rule before): in seed 15 of a
+    healed 2|2 split with late records, peer 1 applied another set than the others in round 0 (itself and
+    peer 2), trained alone on its own chain from then on and ended the run on a second hash: its ledger named
+    only itself and peer 2, so the chain the three others followed had one vote against its own one, and the
+    tie went its way. Counting the senders whose updates it verified too (protocol/votes.py, the node's rule
+    now), the others' chain has three votes and it follows them; every seed of the sweep ends on one hash,
+    and the sybil keys, which send no update, still move nobody (the test above)."""
+    sc = virtual.Scenario(peers=4, rounds=30, late_p=0.1, record_ttl_s=9.0, partition=((0, 1), (2, 3)),
+                          partition_at=3, heal_at=12, seed=15)
+    before = virtual.run(replace(sc, votes="ledger"))
+    assert before["final_hashes"] == 2 and before["rounds_to_converge"] is None, before
+    for seed in (15, *seeds(4)):
+        out = virtual.run(replace(sc, seed=seed, votes="contributors"))
+        assert out["final_hashes"] == 1 and out["rounds_to_converge"] is not None, f"seed={seed}: {out}"
+
+
 def test_a_flood_of_records_far_ahead_holds_no_round_open(monkeypatch: pytest.MonkeyPatch) -> None:
     """16 keys of the attacker's making (the process tests' 'flood') publish 'training' member records 1000
     rounds ahead every heartbeat and never send an update. By the node's rule (round.view_of) a record two or

@@ -88,13 +88,15 @@ from typing import Any, Callable, NamedTuple
 from gradnode.protocol import chain
 from gradnode.protocol import round as core
 from gradnode.protocol import sync as sync_rules
+from gradnode.protocol import votes
 from gradnode.protocol.records import FINGERPRINT_BYTES, pack, resolve
 from gradnode.protocol.reputation import Reputation
 from gradnode.protocol.screening import judge
+from gradnode.protocol.votes import CONTRIBUTOR_ROUNDS
 from gradnode.protocol.witness import Counts, eligible_witnesses
 
 TAIL = 4  # rounds of its chain a peer publishes (protocol/chain.py)
-CONTRIBUTOR_ROUNDS = 64  # the contributors ledger's memory (train/engine.py)
+VOTES = ("contributors", "ledger", "everyone")  # Scenario.votes
 FINAL_CHECK_S = 10.0  # after its last round a peer checks that round's hash against the others' this much later
 LINGER_S = 60.0  # then it serves on while others are not on its state, looking at the chains (Peer._linger)
 LOOK_S = 2.0  # how often a lingering peer looks at the chains
@@ -159,15 +161,15 @@ class Scenario:
     swizzle_s: float = 2.0
     # keys of an attacker's own making (the process tests' 'sybilvotes'): they never send an update, and every
     # heartbeat publish 'training' member records following a chain of hashes nobody holds, at the swarm's
-    # newest round, and report those hashes for every round. ``votes``: 'contributors' (the node's rule: a
-    # chain or weight report counts when its key's updates were applied in the last 64 rounds, the shared
-    # contributors ledger; everyone before a peer applied a round) or 'everyone' (the rule before it). The
-    # default is 'everyone' for now: under 'contributors' a healed 2|2 split with late records can end on
-    # two hashes (node/SWARM.md, "Not done": each chain's ledger says who votes, so each side can count
-    # itself the winner), which the node's rule may share
+    # newest round, and report those hashes for every round. ``votes``: whose chain and weight report counts
+    # (everyone's before a peer applied a round): 'contributors' (the node's rule, protocol/votes.py: a key
+    # whose updates the peer's chain applied in the last 64 rounds, the shared contributors ledger, or whose
+    # update the peer itself verified in those rounds, on any chain), 'ledger' (the ledger alone, the rule
+    # before: a peer that forked alone in round 0 counts only its own chain's contributors, itself and
+    # whoever was in its set, and a healed split with late records ended on two hashes) or 'everyone'
     sybils: int = 0
     sybils_ahead: int = 0  # rounds past the swarm's newest that the sybils' records claim (the 'flood': 1000)
-    votes: str = "everyone"
+    votes: str = "contributors"
     # the round time the sybil keys' records claim (0: none, as before). A record costs nothing to make: the node
     # paces its rounds on the lower median of the claims of the last round's senders only (``pace``:
     # 'contributors'), never of every record in sight ('everyone': the rule an attacker would want)
@@ -198,8 +200,8 @@ class Scenario:
         for index, kind in self.liars:
             if kind not in LIAR_KINDS or not 0 <= index < self.peers:
                 raise ValueError(f"liar {index}:{kind}: a peer 0..{self.peers - 1} and one of {', '.join(LIAR_KINDS)}")
-        if self.votes not in ("contributors", "everyone") or self.sybils < 0 or self.eligible not in ("live", "ledger"):
-            raise ValueError(f"votes {self.votes!r}: 'contributors' or 'everyone'; sybils >= 0")
+        if self.votes not in VOTES or self.sybils < 0 or self.eligible not in ("live", "ledger"):
+            raise ValueError(f"votes {self.votes!r}: one of {', '.join(VOTES)}; sybils >= 0")
         if self.pace not in ("contributors", "everyone") or not self.sybil_pace_s >= 0:
             raise ValueError(f"pace {self.pace!r}: 'contributors' or 'everyone'; sybil_pace_s >= 0")
         if self.aggregation not in ("robust", "mean"):
@@ -273,6 +275,8 @@ class VPeer:
     steps: dict[int, int] = field(default_factory=dict)  # round -> inner steps it ran for it
     abstained: set[int] = field(default_factory=set)  # rounds it sat out (too slow for their deadline)
     ledger: dict[str, int] = field(default_factory=dict)  # contributors: sender -> last round applied (shared state)
+    workers: dict[str, int] = field(default_factory=dict)  # sender -> newest round of its update it verified (memory)
+    voters: frozenset[str] | None = None  # whose votes count (Simulation._revote); None: everyone's
     senders: frozenset[str] = frozenset()  # the senders of the last round it applied (whose records set the pace)
     counted: dict[int, frozenset[str]] = field(default_factory=dict)  # round -> the senders the aggregate counted
     reasons: dict[int, dict[str, str]] = field(default_factory=dict)  # round -> sender -> why the screens left it out
@@ -581,7 +585,7 @@ class Simulation:
         p.alive, p.done, p.gen, p.incarnation = True, False, p.gen + 1, p.incarnation + 1
         if fresh:
             p.hashes, p.applied, p.ledger, p.reputation = {-1: "genesis"}, {}, {}, Reputation()
-        p.senders, p.step_s, p.told = frozenset(), 0.0, {}  # in memory only (its step time: measured anew)
+        p.senders, p.step_s, p.told, p.workers = frozenset(), 0.0, {}, {}  # in memory only (its step time: anew)
         p.records, p.cores, p.newest, p.offer, p.held, p.views = {}, {}, -1, None, p.held + 1, {}
         p.records_of, p.announcers_of, p.weights = defaultdict(list), defaultdict(dict), defaultdict(dict)
         # what reaches it from now on it reads (the DHT holds it for the new process); its dead process's own fetches
@@ -590,6 +594,7 @@ class Simulation:
                                         for k, box in p.mail.items()) if box}
         p.stamps = {}
         p.follow, p.waiting, p.computed = chain.Follow(), None, -1
+        self._revote(p)
         self._heartbeat(p)
         self.at(self.now + self.heartbeat_s + 2 * self.sc.latency_s, lambda gen=p.gen: self._rejoin(p, gen))
 
@@ -613,6 +618,7 @@ class Simulation:
                                                 replay_bytes=missed, state_bytes=self.sc.state_bytes) \
                 if on_chain else "download"
             p.hashes, p.applied, p.ledger, p.senders = dict(hashes), dict(applied), dict(ledger), frozenset()
+            self._revote(p)
             p.busy_until = self.now + _download_s(dead, JOIN_LOOK_S) + \
                 self._transfer_s(None, p.id, missed if how == "replay" else self.sc.state_bytes)
             self.downloads += how == "download"
@@ -626,18 +632,26 @@ class Simulation:
         return self.now - seen < self.sc.record_ttl_s + self.off.get(q, 0.0) - self.off[p.id]
 
     def _votes(self, p: VPeer) -> Callable[[str], bool]:
-        """Whose chain and weight reports count for p (Membership.votes): the keys in its contributors ledger;
-        everyone's before it applied a round, or under ``votes='everyone'``."""
+        """Whose chain and weight reports count for p (Membership.votes): ``VPeer.voters``; everyone's before it
+        applied a round, or under ``votes='everyone'``."""
+        return _everyone if p.voters is None else p.voters.__contains__
+
+    def _revote(self, p: VPeer) -> None:
+        """p's voters anew, after its ledger or the senders it verified changed (protocol/votes.py; ``votes``:
+        'ledger', the ledger alone; 'everyone': None)."""
         if self.sc.votes == "everyone" or not p.ledger:
-            return _everyone
-        return p.ledger.__contains__
+            p.voters = None
+        elif self.sc.votes == "ledger":
+            p.voters = frozenset(p.ledger)
+        else:
+            p.voters = votes.voters(p.ledger, p.workers, max(p.hashes), p.reputation.banned())
 
     def _tails(self, p: VPeer, with_me: bool = True, voting: bool = True) -> dict[str, tuple[chain.Link, ...]]:
         """The tails of the member records in p's sight (seen within the records' ttl), its own included; with
         ``voting``, only those of keys whose vote counts (``_votes``)."""
         out = self._sight(p)[0]
-        if voting and self._votes(p) is not _everyone:
-            out = {q: t for q, t in out.items() if q in p.ledger}
+        if voting and p.voters is not None:
+            out = {q: t for q, t in out.items() if q in p.voters}
         elif with_me:
             out = dict(out)
         if with_me:
@@ -836,7 +850,14 @@ class Simulation:
 
     def _fetched(self, q: VPeer, r: int, p: VPeer, digest: str, now: float) -> None:
         """q's fetch of p's update of round r ended at ``now``: verified, or without the bytes (a withholder's)."""
-        self._deliver(q, r, core.FetchEnded(now, p.id) if p.lie == "withhold" else core.Verified(now, p.id, digest))
+        if p.lie == "withhold":
+            self._deliver(q, r, core.FetchEnded(now, p.id))
+            return
+        if q.workers.get(p.id, -1) < r:  # who works beside q, whatever chain it follows (protocol/votes.py)
+            q.workers[p.id] = r
+            if q.voters is not None and p.id not in q.voters:
+                self._revote(q)
+        self._deliver(q, r, core.Verified(now, p.id, digest))
 
     def _open(self, p: VPeer, r: int, sender: bool, digest: str = "") -> core.RoundCore:
         """Round r's core on p, on the hash p applied for r - 1: with its own update (``sender``) or as an
@@ -876,15 +897,15 @@ class Simulation:
         """What p's member records say, by the node's rule (``round.view_of``): the peers whose record it saw
         within the ttl (a split hides the others once theirs go stale), each at the round after the last its
         tail names; the last round p applied's senders and this round's announcers are counted; with
-        ``votes='contributors'`` only the keys in p's ledger vote. The same view while what it is made of is
-        (``_sight``'s records, the round's announcers, the last round's senders, the ledger)."""
+        ``votes`` other than 'everyone' only p's voters vote (``VPeer.voters``). The same view while what it is
+        made of is (``_sight``'s records, the round's announcers, the last round's senders, the voters)."""
         records = self._sight(p)[1]
         c, seen = p.cores.get(r), p.announcers_of.get(r)
-        key = (p.sight, c, len(c.first_seen) if c else 0, seen, len(seen) if seen else 0, p.senders, p.ledger)
+        key = (p.sight, c, len(c.first_seen) if c else 0, seen, len(seen) if seen else 0, p.senders, p.voters)
         got = p.views.get(r)
         if got is not None and all(a is b or type(a) is int and a == b for a, b in zip(got[0], key)):
             return got[1]
-        voters = p.ledger.keys() if self.sc.votes != "everyone" else ()
+        voters = p.voters or ()
         view = core.view_of(records, p.id, r, announced=self._announced(p, r), workers=p.senders, voters=voters)
         p.views[r] = (key, view)
         return view
@@ -988,6 +1009,7 @@ class Simulation:
         # contributors: the senders whose updates counted (the robust rule gives a screened-out one weight 0)
         p.ledger = {q: k for q, k in {**p.ledger, **dict.fromkeys(p.counted[r], r)}.items() if k > r - CONTRIBUTOR_ROUNDS}
         p.hashes[r] = hashlib.sha256(p.hashes[r - 1].encode() + fps).hexdigest()[:16]
+        self._revote(p)
         # one chain per side while the network is split: both sides train on, by design (the heal merges them
         # onto the chain rule's winner); what must never differ is the set two peers of one side apply
         key = (r, c.seed, self.group[p.id] if self.group is not None else -1)
@@ -1177,6 +1199,7 @@ class Simulation:
         p.hashes = {k: h for k, h in hashes.items() if k <= newest}
         p.applied = {k: f for k, f in applied.items() if k <= newest}
         p.ledger, p.senders = dict(ledger), frozenset()
+        self._revote(p)
         p.waiting, p.computed = None, -1
         # what it holds now, it says (the node's member record publishes its chain's tail, and a report of a
         # chain left since counts for the one followed now: chores.off_majority)
@@ -1277,8 +1300,8 @@ def parse_faults(spec: str | None, peers: int) -> dict[str, Any]:
             raise ValueError(f"--faults: {raw!r}: write claims:S (the sybil keys' records claim S seconds a round), "
                              "once")
         n = re.fullmatch(r"(sybils|flood):([0-9]+)", raw)
-        if n is not None and "sybils" not in out:  # votes: the node's rule, one per recent contributor
-            out.update(sybils=int(n[2]), votes="contributors", **({"sybils_ahead": 1000} if n[1] == "flood" else {}))
+        if n is not None and "sybils" not in out:
+            out.update(sybils=int(n[2]), **({"sybils_ahead": 1000} if n[1] == "flood" else {}))
             continue
         if raw.startswith(("sybils:", "flood:")):
             raise ValueError(f"--faults: {raw!r}: write sybils:N or flood:N (N keys of the attacker's making), once")

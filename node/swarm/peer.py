@@ -50,6 +50,7 @@ from gradnode.node.swarm.sync import Sync
 from gradnode.node.swarm.transport import Transport, TransportError
 from gradnode.protocol import chain
 from gradnode.protocol import sync as sync_rules
+from gradnode.protocol import votes
 from gradnode.protocol.chain import Link
 from gradnode.protocol.records import update_name
 from gradnode.protocol.witness import eligible_witnesses
@@ -99,6 +100,7 @@ class Peer:
         self.membership: Membership | None = None
         self.equivocators: Equivocators | None = None  # made by start()
         self.sybils: adversary.Sybils | adversary.Replayer | None = None  # 'flood', 'sybilvotes', 'replayleave' only
+        self.workers: dict[str, int] = {}  # sender -> newest round whose update this process verified (_voters)
         self.engine: Engine | None = None
         self.clock: Clock | None = None  # made by start()
         self.stop, self.leaving = threading.Event(), threading.Event()
@@ -408,9 +410,20 @@ class Peer:
         return judge
 
     def _voters(self) -> frozenset[str]:
-        """Whose weight reports and chains count: the contributors of the last rounds (the engine's ledger);
-        empty before any round was applied, when every record counts."""
-        return frozenset(self.engine.contributors) if self.engine is not None else frozenset()
+        """Whose weight reports and chains count (protocol/votes.py): the contributors of the last rounds (the
+        engine's ledger) and the senders whose updates this peer verified in them, on any chain; empty before
+        any round was applied, when every record counts."""
+        if self.engine is None:
+            return frozenset()
+        banned = [*self.engine.reputation.banned(), *(self.equivocators.peers() if self.equivocators else ())]
+        return votes.voters(self.engine.contributors, self.workers, self.engine.round - 1, banned)
+
+    def _note_workers(self, ex: RoundExchange) -> None:
+        """The senders whose updates round ``ex``'s exchange verified (and this witness's loss check did not
+        judge harmful): they work beside this peer, whatever chain they follow (``_voters``)."""
+        for sender in [s for s in list(ex.verified) if s != ex.me and s not in ex.doubted]:
+            self.workers[sender] = max(ex.round, self.workers.get(sender, -1))
+        self.workers = {s: r for s, r in self.workers.items() if r > ex.round - votes.CONTRIBUTOR_ROUNDS}
 
     def _abstain(self, round_: int) -> None:
         """Sit round ``round_`` out, saying so at once so that nobody waits for our report (unless we reported
@@ -426,6 +439,7 @@ class Peer:
         ex = self._on_the_chain_held(ex)
         t0 = time.monotonic()
         outcome = ex.result(timeout=self.sw.max_wait_s + 10)
+        self._note_workers(ex)
         wait = time.monotonic() - t0
         self.tally.wait_s += wait
         self.phases.add("wait", wait)

@@ -38,12 +38,12 @@ from gradnode.node.train.model import build_model
 from gradnode.node.train.outer import OuterOptimizer
 from gradnode.protocol import CodecParams, DecodedUpdate, aggregate, compress_with_feedback, encode_update
 from gradnode.protocol.reputation import Reputation
+from gradnode.protocol.votes import CONTRIBUTOR_ROUNDS  # the ledger remembers whose updates these last rounds applied
 from gradnode.protocol.robust import Screen, robust_aggregate
 
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 2  # 2: the contributors ledger is shared state
-CONTRIBUTOR_ROUNDS = 64  # the ledger remembers whose updates the last this many rounds applied
 MAX_CONTRIBUTORS = 65536  # entries a ledger from the network may hold
 
 

@@ -4,8 +4,9 @@ protocol/chain.py; the hash check's majority; who holds a round open, round.view
 Keys cost nothing, so a vote must rest on work: a key counts when
 
     its updates counted in a round this peer's chain applied in the last CONTRIBUTOR_ROUNDS (the shared
-    contributors ledger, Engine.contributors), or this peer itself verified an update of it (signed for the
-    run and the round, within the rules) for one of those rounds, on any chain,
+    contributors ledger, Engine.contributors), or this peer verified an update of it for one of those rounds
+    outside the set it applied (another chain's round, a late update) that the robust rule counts among all
+    the updates it verified for that round (Peer._note_workers, Engine.kept),
 
 and it is not banned (by the shared reputation table, or caught equivocating). Before a peer applied any
 round (an empty ledger) every key counts, as before: a fresh peer has nobody's work to go by.
@@ -14,14 +15,15 @@ Why not the ledger alone: a ledger is one chain's, and a peer that forked alone 
 own chain's contributors (itself and whoever was in its set). Its own chain then ties or wins against the
 chain everyone else follows, whose keys its ledger never names, and the run ends on two hashes (the
 deterministic simulator: seed 15 of a healed 2|2 split with late records; node/SWARM.md). The updates it
-verified name the peers working beside it whatever chain they follow; a key that never sends an update
-(the 'sybilvotes' attacker's) is in neither. What a key must do for a vote is no cheaper than before: the
-ledger took any update a majority of the witnesses verified and the robust rule kept, which a small update
-is; a verified update now, on one peer's word, which weighs what it costs (an upload a round) and gives
-no more than the ledger gave a key that sent to one side of a split only. Why the bans: an attacker's updates count for a round or two
+verified name the peers working beside it whatever chain they follow. The bar is the ledger's: an update
+the robust rule would count (not a replay, not against the others' direction); a rules-valid update it
+screens out (a replay, a flipped sign, noise) earns no vote, though the reputation table never strikes a
+newcomer; a key that never sends an update (the 'sybilvotes' attacker's) has none. What differs: the
+ledger is the same on every peer of a chain, these senders are one peer's own sight, so a key that sends
+its update to some peers only is counted by those only (as a key that contributed on one side of a split
+only is counted by that side's ledger). Why the bans: an attacker's updates count for a round or two
 before the robust rule screens it out or its equivocation is proven, and the ledger remembers them for 64
-rounds; with its vote it could tie a chain it follows with the honest peers' (the mix of adversaries: four
-honest peers, three attackers in the ledger).
+rounds. (When every key a peer knows is banned, its ledger's keys count, banned or not.)
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ CONTRIBUTOR_ROUNDS = 64  # the ledger's memory (train/engine.py) and the verifie
 def voters(ledger: Mapping[str, int], verified: Mapping[str, int], round_: int,
            banned: Collection[str] = ()) -> frozenset[str]:
     """The keys whose votes count for a peer whose newest applied round is ``round_``: the ledger's (sender ->
-    last round its update counted) and the senders of the updates it verified (sender -> newest round) within
-    the last CONTRIBUTOR_ROUNDS, less ``banned`` (the ledger's keys all the same when every key is banned: an
-    empty set means everyone). Empty only while the ledger is."""
+    last round its update counted) and ``verified``'s (sender -> newest round of an update of it this peer
+    verified and the screens kept, outside its sets) within the last CONTRIBUTOR_ROUNDS, less ``banned`` (the
+    ledger's keys all the same when every key is banned: an empty set means everyone). Empty only while the
+    ledger is."""
     if not ledger:
         return frozenset()
     recent = round_ - CONTRIBUTOR_ROUNDS

@@ -129,7 +129,8 @@ def test_a_round_exchanged_on_a_chain_a_resync_left_is_observed_on_the_chain_hel
     r, held = peer.engine.round, peer.engine.state_hash()
 
     def exchange(round_: int, seed: str) -> SimpleNamespace:
-        return SimpleNamespace(round=round_, agreement=SimpleNamespace(seed=seed), stop_event=Event())
+        return SimpleNamespace(round=round_, agreement=SimpleNamespace(seed=seed), stop_event=Event(), verified={},
+                               doubted=set(), me=peer.identity.peer_id)
 
     same = exchange(r, held)
     assert peer._on_the_chain_held(same) is same and not same.stop_event.is_set()
@@ -172,33 +173,56 @@ def test_a_peer_that_adopts_an_earlier_state_keeps_the_updates_of_the_rounds_it_
     assert [p.name for p in checkpoint.list_checkpoints(folder)] == ["round-00000012"]
 
 
-def test_the_peers_votes_are_its_ledger_the_senders_it_verified_and_no_banned_key(tmp_path) -> None:
-    """Whose reports and chains a node counts (Peer._voters, protocol/votes.py): its chain's contributors
-    ledger, and the senders whose updates its exchanges verified in the last 64 rounds (not one its own loss
-    check doubted), whatever chain they follow; a key the reputation table bans or that equivocated has none.
+def test_the_peers_votes_are_its_ledger_the_senders_whose_work_it_verified_and_no_banned_key(tmp_path) -> None:
+    """Whose reports and chains a node counts (Peer._voters, protocol/votes.py): its chain's contributors ledger,
+    and the senders of updates its exchanges verified outside the set it applied (another chain's, a late one)
+    that the robust rule counts among all the round's verified updates, for 64 rounds; no key the reputation
+    table bans. A rules-valid update the screens leave out earns nothing: counting every verified sender (the
+    screens switched off below), a key that sends its honest update negated votes; with them, it does not.
     Everyone counts before the engine applied a round (an empty ledger)."""
     from types import SimpleNamespace
 
     from _tiny import tiny_config
     from gradnode.node.swarm.peer import Peer
+    from gradnode.node.swarm.rules import UpdateRules
     from gradnode.node.train.engine import Engine
+    from gradnode.protocol import decode_update, encode_update
     from gradnode.protocol.reputation import Reputation
     from gradnode.protocol.votes import CONTRIBUTOR_ROUNDS
 
-    peer = Peer(tiny_config(tmp_path))
+    cfg = tiny_config(tmp_path)
+    peer = Peer(cfg)
     peer.engine = Engine(peer.cfg)
+    peer.rules = UpdateRules.of(peer.cfg, {n: tuple(t.shape) for n, t in peer.engine.global_params.items()})
     me = peer.identity.peer_id
+    updates = {}
+    for i, who in enumerate((me, "QmHonestA", "QmHonestB", "QmFlipper")):
+        e = Engine(cfg, peer_index=i)
+        e.inner_round()
+        updates[who] = decode_update(e.make_update(sender=who))
+    own = updates["QmFlipper"]
+    updates["QmFlipper"] = decode_update(encode_update({n: -t for n, t in own.tensors.items()}, params=own.params,
+                                                       run_id=own.run_id, round=own.round, sender=own.sender,
+                                                       tokens=own.tokens))
 
-    def exchange(round_: int, *senders: str, doubted: tuple[str, ...] = ()) -> SimpleNamespace:
-        return SimpleNamespace(round=round_, me=me, verified=dict.fromkeys((me, *senders)), doubted=set(doubted))
+    def exchange(round_: int) -> SimpleNamespace:
+        return SimpleNamespace(round=round_, me=me, doubted=set(),
+                               verified={s: SimpleNamespace(update=u) for s, u in updates.items()})
 
-    peer._note_workers(exchange(0, "QmWorker", "QmDoubted", doubted=("QmDoubted",)))
-    assert peer._voters() == frozenset()  # no round applied: every key counts
-    peer.engine.contributors, peer.engine.round = {me: 0, "QmSameChain": 0}, 1
-    assert peer._voters() == {me, "QmSameChain", "QmWorker"}
-    peer.engine.reputation = Reputation(scores={"QmWorker": 0.1})  # banned by the shared table
-    assert peer._voters() == {me, "QmSameChain"}
+    peer._note_workers(exchange(0), decided=[me])  # it applied its own alone: the others are another chain's
+    assert set(peer.workers) == {"QmHonestA", "QmHonestB"}  # the negated one is screened out
+    assert peer._voters() == frozenset()  # no round applied yet: every key counts
+    peer.engine.contributors, peer.engine.round = {me: 0}, 1
+    assert peer._voters() == {me, "QmHonestA", "QmHonestB"}
+    peer.engine.reputation = Reputation(scores={"QmHonestA": 0.1})  # banned by the shared table
+    assert peer._voters() == {me, "QmHonestB"}
     peer.engine.reputation = Reputation()
-    peer.engine.round = CONTRIBUTOR_ROUNDS + 1  # its last verified update is out of the window
-    peer._note_workers(exchange(CONTRIBUTOR_ROUNDS, "QmLater"))
-    assert peer._voters() == {me, "QmSameChain", "QmLater"} and "QmWorker" not in peer.workers
+    peer.engine.round = CONTRIBUTOR_ROUNDS  # round 0's work still counts after round 63, as the ledger's would
+    assert peer._voters() == {me, "QmHonestA", "QmHonestB"}
+    peer.engine.round = CONTRIBUTOR_ROUNDS + 1
+    assert peer._voters() == {me}
+    peer.engine.round = 0
+    peer.engine.kept = lambda pool, weights: {u.sender for u in pool}  # the screens switched off
+    peer.workers = {}
+    peer._note_workers(exchange(0), decided=[me])
+    assert "QmFlipper" in peer.workers  # it would vote

@@ -437,11 +437,9 @@ def test_the_virtual_faults_name_what_is_modelled() -> None:
     assert virtual.parse_faults("drift:2,clock:3=-40,clock:1=+5", 4) == {
         "liars": (), "drift_s": 2.0, "clock_off": ((3, -40.0), (1, 5.0))}
     assert virtual.parse_faults("swizzle:1.5@r4", 4) == {"liars": (), "swizzle_at": 4, "swizzle_s": 1.5}
-    assert virtual.parse_faults("sybils:16", 4) == {"liars": (), "sybils": 16, "votes": "contributors"}
-    assert virtual.parse_faults("flood:8", 4) == {"liars": (), "sybils": 8, "votes": "contributors",
-                                                  "sybils_ahead": 1000}
-    assert virtual.parse_faults("sybils:16,claims:3600", 4) == {"liars": (), "sybils": 16, "votes": "contributors",
-                                                                "sybil_pace_s": 3600.0}
+    assert virtual.parse_faults("sybils:16", 4) == {"liars": (), "sybils": 16}
+    assert virtual.parse_faults("flood:8", 4) == {"liars": (), "sybils": 8, "sybils_ahead": 1000}
+    assert virtual.parse_faults("sybils:16,claims:3600", 4) == {"liars": (), "sybils": 16, "sybil_pace_s": 3600.0}
     assert virtual.parse_liars("stretch:2", 4) == ((2, "stretch"),)
     assert virtual.parse_faults("links:10,loss:0.05", 4) == {"liars": (), "link_spread": 10.0, "loss_p": 0.05}
     assert virtual.parse_faults("kill:2@r4,restart:2@r6,stop:3@r5,join:1@r2", 4)["life"] == (

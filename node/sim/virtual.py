@@ -82,6 +82,7 @@ import random
 import re
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, NamedTuple
 
@@ -91,7 +92,7 @@ from gradnode.protocol import sync as sync_rules
 from gradnode.protocol import votes
 from gradnode.protocol.records import FINGERPRINT_BYTES, pack, resolve
 from gradnode.protocol.reputation import Reputation
-from gradnode.protocol.screening import judge
+from gradnode.protocol.screening import Screen, judge
 from gradnode.protocol.votes import CONTRIBUTOR_ROUNDS
 from gradnode.protocol.witness import Counts, eligible_witnesses
 
@@ -339,6 +340,7 @@ class Simulation:
         self.content: dict[str, tuple[tuple[float, ...], int]] = {}  # an update's digest -> its vector and tokens
         # (chain, set) -> the senders counted, the reputation table after, each sender's screen reason
         self._judged: dict[tuple[str, bytes], tuple[frozenset[str], Reputation, dict[str, str]]] = {}
+        self._kept: dict[tuple[str, tuple[tuple[str, str], ...]], frozenset[str]] = {}  # _note_workers' screens
         self._resolved: dict[tuple[int, str, bytes], list[tuple[str, str]]] = {}  # _resolve's sets
         self._dots: dict[int, dict[tuple[bytes, bytes], float]] = {}  # round -> two updates' dot product (_aggregate)
         self._truth: list[list[float]] = []  # each round's true direction (a unit vector), drawn as needed
@@ -850,14 +852,7 @@ class Simulation:
 
     def _fetched(self, q: VPeer, r: int, p: VPeer, digest: str, now: float) -> None:
         """q's fetch of p's update of round r ended at ``now``: verified, or without the bytes (a withholder's)."""
-        if p.lie == "withhold":
-            self._deliver(q, r, core.FetchEnded(now, p.id))
-            return
-        if q.workers.get(p.id, -1) < r:  # who works beside q, whatever chain it follows (protocol/votes.py)
-            q.workers[p.id] = r
-            if q.voters is not None and p.id not in q.voters:
-                self._revote(q)
-        self._deliver(q, r, core.Verified(now, p.id, digest))
+        self._deliver(q, r, core.FetchEnded(now, p.id) if p.lie == "withhold" else core.Verified(now, p.id, digest))
 
     def _open(self, p: VPeer, r: int, sender: bool, digest: str = "") -> core.RoundCore:
         """Round r's core on p, on the hash p applied for r - 1: with its own update (``sender``) or as an
@@ -1005,6 +1000,7 @@ class Simulation:
         pairs = self._resolve(r, c.seed, fps)
         p.sets[r] = frozenset(s for s, _ in pairs)
         p.senders = p.sets[r]
+        self._note_workers(p, c, r)
         p.counted[r] = self._aggregate(p, r, c.seed, fps, pairs)
         # contributors: the senders whose updates counted (the robust rule gives a screened-out one weight 0)
         p.ledger = {q: k for q, k in {**p.ledger, **dict.fromkeys(p.counted[r], r)}.items() if k > r - CONTRIBUTOR_ROUNDS}
@@ -1081,29 +1077,51 @@ class Simulation:
             return senders
         key = (seed, fps)
         if key not in self._judged:
-            ordered = sorted((q, bytes.fromhex(d)) for q, d in pairs)
-            vecs, tokens = zip(*(self.content[d.hex()] for _, d in ordered))
-            gram = [[0.0] * len(vecs) for _ in vecs]
-            # each pair's products summed once, correctly rounded (exact and symmetric), and once per round: the
-            # sets of a round differ by a few updates (late records), their pairs are nearly all the same
-            dots = self._dots.setdefault(r, {})
-            for old in [k for k in self._dots if k < r - 2]:
-                del self._dots[old]
-            for i, (u, (_, a)) in enumerate(zip(vecs, ordered)):
-                for j in range(i, len(vecs)):
-                    x = dots.get((a, ordered[j][1]))
-                    if x is None:
-                        x = dots[a, ordered[j][1]] = math.fsum(map(operator.mul, u, vecs[j]))
-                    gram[i][j] = gram[j][i] = x
-            screens = judge(ordered, [hashlib.sha256(repr(u).encode()).digest() for u in vecs], gram,
-                            [math.sqrt(gram[i][i]) for i in range(len(vecs))], [float(t) for t in tokens],
-                            [False] * len(vecs),
-                            reputation=p.reputation.weights(), previous=p.reputation.recent)
+            screens = self._screens(p, r, pairs)
             counted = frozenset(s.sender for s in screens if s.weight > 0)
             reasons = {s.sender: s.reason for s in screens if s.weight <= 0}
             self._judged[key] = (counted, p.reputation.after(screens, established=p.ledger), reasons)
         counted, p.reputation, p.reasons[r] = self._judged[key]
         return counted
+
+    def _screens(self, p: VPeer, r: int, pairs: Iterable[tuple[str, str]]) -> list[Screen]:
+        """protocol/screening.py's screens of round r's updates ``pairs`` ((sender, digest hex)s) on p's state
+        (its reputation table, the previous round's fingerprints)."""
+        ordered = sorted((q, bytes.fromhex(d)) for q, d in pairs)
+        vecs, tokens = zip(*(self.content[d.hex()] for _, d in ordered))
+        gram = [[0.0] * len(vecs) for _ in vecs]
+        # each pair's products summed once, correctly rounded (exact and symmetric), and once per round: the
+        # sets of a round differ by a few updates (late records), their pairs are nearly all the same
+        dots = self._dots.setdefault(r, {})
+        for old in [k for k in self._dots if k < r - 2]:
+            del self._dots[old]
+        for i, (u, (_, a)) in enumerate(zip(vecs, ordered)):
+            for j in range(i, len(vecs)):
+                x = dots.get((a, ordered[j][1]))
+                if x is None:
+                    x = dots[a, ordered[j][1]] = math.fsum(map(operator.mul, u, vecs[j]))
+                gram[i][j] = gram[j][i] = x
+        return judge(ordered, [hashlib.sha256(repr(u).encode()).digest() for u in vecs], gram,
+                     [math.sqrt(gram[i][i]) for i in range(len(vecs))], [float(t) for t in tokens],
+                     [False] * len(vecs), reputation=p.reputation.weights(), previous=p.reputation.recent)
+
+    def _note_workers(self, p: VPeer, c: core.RoundCore, r: int) -> None:
+        """The senders of round r's updates p verified outside the set it applies, whose update the screens
+        count among all it verified (the node's Peer._note_workers; judged once per chain and pool): they vote
+        (protocol/votes.py). Before the round's aggregate moves p's reputation table."""
+        pool = tuple(sorted((s, d) for s, d in c.verified.items() if s not in c.doubted))
+        extra = [s for s, _ in pool if s != p.id and s not in p.sets[r]]
+        if not extra or self.sc.votes != "contributors":
+            return
+        if self.sc.aggregation == "mean":
+            kept = frozenset(extra)
+        else:
+            key = (c.seed, pool)
+            if key not in self._kept:
+                self._kept[key] = frozenset(s.sender for s in self._screens(p, r, pool) if s.weight > 0)
+            kept = self._kept[key]
+        p.workers = {q: k for q, k in p.workers.items() if k > r - CONTRIBUTOR_ROUNDS}
+        p.workers.update((q, r) for q in extra if q in kept)
 
     def _check(self, p: VPeer, r: int, last: bool = False, lingering: bool = False) -> None:
         """After applying round r + 1 (or at the end, ``last``): round r's hash against the majority of the

@@ -28,6 +28,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -418,12 +419,29 @@ class Peer:
         banned = [*self.engine.reputation.banned(), *(self.equivocators.peers() if self.equivocators else ())]
         return votes.voters(self.engine.contributors, self.workers, self.engine.round - 1, banned)
 
-    def _note_workers(self, ex: RoundExchange) -> None:
-        """The senders whose updates round ``ex``'s exchange verified (and this witness's loss check did not
-        judge harmful): they work beside this peer, whatever chain they follow (``_voters``)."""
-        for sender in [s for s in list(ex.verified) if s != ex.me and s not in ex.doubted]:
-            self.workers[sender] = max(ex.round, self.workers.get(sender, -1))
-        self.workers = {s: r for s, r in self.workers.items() if r > ex.round - votes.CONTRIBUTOR_ROUNDS}
+    def _note_workers(self, ex: RoundExchange, decided: Collection[str] = ()) -> None:
+        """The senders of round ``ex``'s verified updates outside the ``decided`` set (which the ledger
+        covers) that the robust rule would count among all the round's verified updates, as it counts a set
+        (``Engine.kept``; not one this witness's loss check judged harmful): they work beside this peer,
+        whatever chain they follow (``_voters``). A rules-valid update the screens leave out (a replay, a
+        flipped sign, noise) earns no vote, as it earns no place in the ledger. Called before the round is
+        applied (the screens of the state the round starts from); the screens run only when there are such
+        senders (a fork, a late update). ``workers`` is replaced, never changed in place: other threads read it."""
+        if self.engine is None or ex.round != self.engine.round:
+            return
+        held = {s: v.update for s, v in list(ex.verified.items()) if s not in ex.doubted}
+        extra = [s for s in held if s != ex.me and s not in decided]
+        if not extra:
+            return
+        pool = [held[s] for s in sorted(held)]
+        try:
+            kept = self.engine.kept(pool, [self.rules.weight(u) for u in pool])
+        except ValueError as err:  # updates that do not fit this state's tensors: nobody's work here
+            log.info("round=%d verified updates not screened for votes: %s", ex.round, err)
+            return
+        workers = {s: r for s, r in self.workers.items() if r > ex.round - votes.CONTRIBUTOR_ROUNDS}
+        workers.update((s, ex.round) for s in extra if s in kept)
+        self.workers = workers
 
     def _abstain(self, round_: int) -> None:
         """Sit round ``round_`` out, saying so at once so that nobody waits for our report (unless we reported
@@ -439,7 +457,6 @@ class Peer:
         ex = self._on_the_chain_held(ex)
         t0 = time.monotonic()
         outcome = ex.result(timeout=self.sw.max_wait_s + 10)
-        self._note_workers(ex)
         wait = time.monotonic() - t0
         self.tally.wait_s += wait
         self.phases.add("wait", wait)
@@ -460,6 +477,7 @@ class Peer:
             return ex
         log.warning("round=%d was exchanged on hash=%s; the state adopted since holds hash=%s: observing the "
                     "round on it", ex.round, ex.agreement.seed[:12], held[:12])
+        self._note_workers(ex)  # what it verified on the chain left: peers working beside this one
         ex.stop_event.set()
         return self._observe(ex.round)
 
@@ -471,6 +489,7 @@ class Peer:
         if self.engine.round != ex.round:
             log.warning("round=%d outcome dropped: engine moved to round=%d", ex.round, self.engine.round)
             return
+        self._note_workers(ex, outcome.senders)
         self.engine.apply_aggregate(outcome.updates, outcome.weights)
         if outcome.own_included and any(sc.sender == ex.me and sc.weight == 0.0 for sc in self.engine.last_screens):
             outcome.own_included = False  # in the set, but the robust rule screened it out: its content goes back

@@ -38,8 +38,8 @@ from gradnode.node.train.model import build_model
 from gradnode.node.train.outer import OuterOptimizer
 from gradnode.protocol import CodecParams, DecodedUpdate, aggregate, compress_with_feedback, encode_update
 from gradnode.protocol.reputation import Reputation
+from gradnode.protocol.robust import Screen, robust_aggregate, screen
 from gradnode.protocol.votes import CONTRIBUTOR_ROUNDS  # the ledger remembers whose updates these last rounds applied
-from gradnode.protocol.robust import Screen, robust_aggregate
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +215,19 @@ class Engine:
             self.start[n].copy_(self.params[n])
         self.pending_tokens = 0
         return payload
+
+    @torch.no_grad()
+    def kept(self, updates: Sequence[DecodedUpdate], weights: Sequence[float] | None = None) -> set[str]:
+        """The senders of ``updates`` whose update this round's robust rule would count (weight > 0) among
+        them all, judged as ``apply_aggregate`` judges (this state's reputation table and previous round's
+        fingerprints); every sender under another aggregation rule. Nothing is applied."""
+        if self.cfg.outer.aggregation != "robust" or not updates:
+            return {u.sender for u in updates}
+        for u in updates:
+            self._check_update(u)
+        screens = screen(list(updates), weights, reputation=self.reputation.weights(),
+                         previous=self.reputation.recent, clip_to_median=self.cfg.outer.clip_to_median)[0]
+        return {s.sender for s in screens if s.weight > 0}
 
     @torch.no_grad()
     def apply_aggregate(self, updates: Sequence[DecodedUpdate], weights: Sequence[float] | None = None) -> None:

@@ -18,7 +18,11 @@ deterministic simulator: seed 15 of a healed 2|2 split with late records; node/S
 verified name the peers working beside it whatever chain they follow. The bar is the ledger's: an update
 the robust rule would count (not a replay, not against the others' direction); a rules-valid update it
 screens out (a replay, a flipped sign, noise) earns no vote, though the reputation table never strikes a
-newcomer; a key that never sends an update (the 'sybilvotes' attacker's) has none. What differs: the
+newcomer; a key that never sends an update (the 'sybilvotes' attacker's) has none. The screens judge an
+update against the others, so this bar holds while honest updates are most of what a peer verified: keys
+sending junk in a majority pass them (a set they were in would count them too, and that is the robust
+rule's own bound: the model is lost to them whether they vote or not), and by sending it late, outside every
+set, they vote without moving the model, which the ledger alone did not allow. What else differs: the
 ledger is the same on every peer of a chain, these senders are one peer's own sight, so a key that sends
 its update to some peers only is counted by those only (as a key that contributed on one side of a split
 only is counted by that side's ledger). Why the bans: an attacker's updates count for a round or two

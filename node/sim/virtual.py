@@ -164,10 +164,10 @@ class Scenario:
     # heartbeat publish 'training' member records following a chain of hashes nobody holds, at the swarm's
     # newest round, and report those hashes for every round. ``votes``: whose chain and weight report counts
     # (everyone's before a peer applied a round): 'contributors' (the node's rule, protocol/votes.py: a key
-    # whose updates the peer's chain applied in the last 64 rounds, the shared contributors ledger, or whose
-    # update the peer itself verified in those rounds, on any chain), 'ledger' (the ledger alone, the rule
-    # before: a peer that forked alone in round 0 counts only its own chain's contributors, itself and
-    # whoever was in its set, and a healed split with late records ended on two hashes) or 'everyone'
+    # whose updates the peer's chain applied in the last 64 rounds, the shared contributors ledger, or one of
+    # whose updates the peer verified outside its set in those rounds and the screens count), 'ledger' (the rule
+    # before, the ledger alone: a peer that forked alone in round 0 counts only its own chain's contributors,
+    # itself and whoever was in its set, and a healed split with late records ended on two hashes) or 'everyone'
     sybils: int = 0
     sybils_ahead: int = 0  # rounds past the swarm's newest that the sybils' records claim (the 'flood': 1000)
     votes: str = "contributors"
@@ -276,7 +276,7 @@ class VPeer:
     steps: dict[int, int] = field(default_factory=dict)  # round -> inner steps it ran for it
     abstained: set[int] = field(default_factory=set)  # rounds it sat out (too slow for their deadline)
     ledger: dict[str, int] = field(default_factory=dict)  # contributors: sender -> last round applied (shared state)
-    workers: dict[str, int] = field(default_factory=dict)  # sender -> newest round of its update it verified (memory)
+    workers: dict[str, int] = field(default_factory=dict)  # sender -> newest round it verified and screened (memory)
     voters: frozenset[str] | None = None  # whose votes count (Simulation._revote); None: everyone's
     senders: frozenset[str] = frozenset()  # the senders of the last round it applied (whose records set the pace)
     counted: dict[int, frozenset[str]] = field(default_factory=dict)  # round -> the senders the aggregate counted

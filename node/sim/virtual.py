@@ -1110,7 +1110,7 @@ class Simulation:
         count among all it verified (the node's Peer._note_workers; judged once per chain and pool): they vote
         (protocol/votes.py). Before the round's aggregate moves p's reputation table."""
         pool = tuple(sorted((s, d) for s, d in c.verified.items() if s not in c.doubted))
-        extra = [s for s, _ in pool if s != p.id and s not in p.sets[r]]
+        extra = [s for s, _ in pool if s != p.id and s not in p.sets[r] and s not in p.ledger]
         if not extra or self.sc.votes != "contributors":
             return
         if self.sc.aggregation == "mean":

@@ -412,8 +412,9 @@ class Peer:
 
     def _voters(self) -> frozenset[str]:
         """Whose weight reports and chains count (protocol/votes.py): the contributors of the last rounds (the
-        engine's ledger) and the senders whose updates this peer verified in them, on any chain; empty before
-        any round was applied, when every record counts."""
+        engine's ledger) and the senders whose updates this peer verified outside its sets and the screens
+        count (``_note_workers``), on any chain; no banned key. Empty before any round was applied, when every
+        record counts."""
         if self.engine is None:
             return frozenset()
         banned = [*self.engine.reputation.banned(), *(self.equivocators.peers() if self.equivocators else ())]

@@ -230,6 +230,18 @@ def test_health_reads_the_peers_report_and_stays_light(tmp_path: Path) -> None:
                  waiting=False)
     split = gradnode("health", "--output-dir", str(tmp_path))
     assert split.returncode == 1 and "off the chain" in split.stdout and "sees 2 of 3" in split.stdout
+    # a clock off the peers' (protocol/skew.py) by more than the DHT allows is a reason of its own; within, none
+    from gradnode.protocol.skew import Sample, estimate
+
+    ahead = estimate([Sample(sent=1000.0, theirs=960.1, received=1000.2)])
+    health.write(tmp_path, view=health.ChainView(trainers=3), round_=9, expected=3, waiting=True, clock=ahead)
+    off = gradnode("health", "--output-dir", str(tmp_path))
+    assert off.returncode == 1 and "clock is 40.0 s (+-0.1) ahead of the swarm's" in off.stdout, off.stdout
+    assert "NTP" in off.stdout and "waiting for peers" in off.stdout, off.stdout
+    near = estimate([Sample(sent=1000.0, theirs=1001.0, received=1000.2)])
+    health.write(tmp_path, view=health.ChainView(trainers=3), round_=9, expected=3, waiting=False, clock=near)
+    assert gradnode("health", "--output-dir", str(tmp_path)).returncode == 0
+    assert json.loads((tmp_path / "health.json").read_text())["clock_ahead_s"] == -0.9
     data = json.loads((tmp_path / "health.json").read_text())
     (tmp_path / "health.json").write_text(json.dumps({**data, "ok": True, "time": time.time() - 120}))
     stale = gradnode("health", "--output-dir", str(tmp_path))

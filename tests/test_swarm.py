@@ -27,6 +27,10 @@ def test_honest_peers_agree_bad_updates_are_rejected_and_diverged_peers_resync(r
     # the simulator calls every peer configured with swarm.fault honest: the summary's own check counts all six
     assert summary["live_peers"] == 6 and summary["identical_hashes"], explain(summary)
     assert all(p["rounds"] == 6 for p in peers), explain(summary)
+    # one machine, one clock: whoever answered the peers' pings (protocol/skew.py) is found on it, within the
+    # round trip (a peer none of whose pings was answered in time on a loaded machine measures nothing)
+    clocks = [(p["clock_ahead_s"], p["clock_error_s"]) for p in peers if p["clock_ahead_s"] is not None]
+    assert clocks and all(abs(ahead) <= error + 0.05 for ahead, error in clocks), clocks
     assert summary["val_loss_last"] < summary["val_loss_first"]
     # the diverged peers: repaired by the hash-mismatch re-sync, or (a drifted peer that fell a round behind
     # on a loaded machine) by the newer state it takes to catch up: either way by adopting the majority's

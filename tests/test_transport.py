@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import threading
 import time
@@ -13,6 +15,7 @@ from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm import transport
 from gradnode.node.swarm.identity import load_or_create
 from gradnode.node.swarm.transport import Transport, TransportError
+from gradnode.protocol import skew
 
 pytestmark = pytest.mark.swarm
 
@@ -332,3 +335,61 @@ def test_an_initial_peer_whose_dht_does_not_answer_is_unanswered_not_a_fault(tmp
         asyncio.run_coroutine_threadsafe(daemon.shutdown(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         shutil.rmtree(sockets, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def clock_ahead(monkeypatch: pytest.MonkeyPatch, seconds: float, checked: bool = True):
+    """While the block runs, every clock hivemind and the transport read runs ``seconds`` ahead (a DHT process
+    started inside keeps it: it is forked); ``checked=False`` also lifts hivemind's start check, as for a clock
+    that ran off after the start."""
+    import hivemind.dht.node
+    import hivemind.dht.protocol
+    import hivemind.dht.routing
+    import hivemind.utils
+    import hivemind.utils.auth
+    import hivemind.utils.timed_storage
+
+    with monkeypatch.context() as m:
+        ahead = functools.partial(lambda s: time.time() + s, seconds)
+        for module in (hivemind.utils, hivemind.utils.timed_storage, hivemind.utils.auth, hivemind.dht.protocol,
+                       hivemind.dht.routing, hivemind.dht.node, transport):
+            m.setattr(module, "get_dht_time", ahead)
+        if not checked:
+            m.setattr(hivemind.dht.protocol, "MAX_DHT_TIME_DISCREPANCY_SECONDS", 10 ** 9)
+        yield
+
+
+def test_a_clock_off_the_initial_peers_is_refused_at_the_start_in_words_that_say_so(
+        trio, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """hivemind refuses a DHT whose clock is more than 3 s off an initial peer's (its records expire by wall-clock
+    time); the peer says which clock and by how much, and that trying again will not help."""
+    peer = Transport(SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=trio[0].maddrs()),
+                     load_or_create(tmp_path / "ahead"))
+    try:
+        with clock_ahead(monkeypatch, 40.0), pytest.raises(TransportError) as err:
+            peer.start(timeout=30)
+    finally:
+        peer.close()
+    words = str(err.value)
+    assert not err.value.unanswered and "clock is 40." in words and "s ahead of the initial peer's" in words, words
+    assert "NTP" in words, words
+
+
+def test_a_peer_measures_its_clock_against_the_peers_its_dht_knows(trio, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pings give each peer its clock against the others' (protocol/skew.py): after the start, where hivemind
+    no longer looks, a clock 40 s ahead is found off by 40 s, and the right clocks find it and each other
+    within their round trips."""
+    ahead = Transport(SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=trio[0].maddrs()),
+                      load_or_create(tmp_path / "ahead"))
+    try:
+        with clock_ahead(monkeypatch, 40.0, checked=False):
+            ahead.start(timeout=30)
+        ahead.dial([(trio[1].peer_id, trio[1].maddrs()), (trio[2].peer_id, trio[2].maddrs())])
+        found = skew.estimate(ahead.clock_samples())
+        assert found.peers >= 1 and found.off() and abs(found.ahead_s - 40.0) <= found.error_s + 0.05, found
+        right = [skew.estimate(t.clock_samples()) for t in trio]
+        # each knows the other two right clocks at least: the one clock ahead is no median
+        assert all(r.peers >= 1 and abs(r.ahead_s) <= r.error_s + 0.05 for r in right), right
+    finally:
+        ahead.close()

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Collection
 
 from gradnode.node import write_json
-from gradnode.protocol import chain
+from gradnode.protocol import chain, skew
 from gradnode.protocol.chain import Link
 from gradnode.protocol.records import MemberRecord
 
@@ -67,9 +67,21 @@ def chain_view(members: dict[str, MemberRecord], me: str, my_tail: list[Link],
                      allies=[p for p in mine if p != me] if my_tail else [], me=me, tails=tails, standing=st)
 
 
-def write(folder: Path, *, view: ChainView, round_: int, expected: int, waiting: bool) -> None:
-    """health.json for `gradnode health`, replaced atomically."""
+def clock_words(clock: skew.Estimate) -> str:
+    """This clock against the peers', and what to do when it is off."""
+    side = "ahead of" if clock.ahead_s > 0 else "behind"
+    words = (f"this machine's clock is {abs(clock.ahead_s):.1f} s (+-{clock.error_s:.1f}) {side} the swarm's (the "
+             f"median of {clock.peers} peer{'s' if clock.peers > 1 else ''} pinged)")
+    return f"{words}: sync it (NTP, e.g. `timedatectl set-ntp true`)" if clock.off() else words
+
+
+def write(folder: Path, *, view: ChainView, round_: int, expected: int, waiting: bool,
+          clock: skew.Estimate | None = None) -> None:
+    """health.json for `gradnode health`, replaced atomically; ``clock``: this clock against the peers' (a clock off
+    by more than the DHT allows is a reason of its own: it hides records or cuts rounds short)."""
     reasons = []
+    if clock is not None and clock.off():
+        reasons.append(clock_words(clock))
     if waiting:
         reasons.append("waiting for peers")
     if not view.on_winner:
@@ -79,7 +91,7 @@ def write(folder: Path, *, view: ChainView, round_: int, expected: int, waiting:
         reasons.append(f"sees {view.trainers} of {expected} expected trainers")
     data = {"ok": not reasons, "reason": "; ".join(reasons) or "ok", "time": time.time(), "round": round_,
             "trainers": view.trainers, "expected": expected, "chains": view.groups, "on_winner": view.on_winner,
-            "winners": view.winners[:8]}
+            "winners": view.winners[:8], "clock_ahead_s": None if clock is None else round(clock.ahead_s, 3)}
     try:
         write_json(folder / FILE_NAME, data)
     except OSError:  # a full disk must not stop training; the check then reports a stale file

@@ -49,7 +49,7 @@ from gradnode.node.swarm.metrics import Exporter, Gauges, RoundSinks
 from gradnode.node.swarm.report import PeerSummary, Phases, Tally, append_metrics
 from gradnode.node.swarm.sync import Sync
 from gradnode.node.swarm.transport import Transport, TransportError
-from gradnode.protocol import chain
+from gradnode.protocol import chain, skew
 from gradnode.protocol import sync as sync_rules
 from gradnode.protocol import votes
 from gradnode.protocol.chain import Link
@@ -63,6 +63,7 @@ log = logging.getLogger(__name__)
 
 LINGER_S = 60.0  # at most this long a finished peer serves the others that do not hold its state yet
 LOOK_S = 2.0  # how often a lingering peer looks at the chains (chain.Follow acts on two looks in a row)
+CLOCK_CHECK_S = 60.0  # how often a peer pings a few others for their clocks (protocol/skew.py)
 HEARTBEAT_S = 10.0  # member record refresh and re-dialling of absent peers, at most this far apart
 DIAL_WINDOW_S = 6 * 3600.0  # address-book peers seen within this are re-dialled while absent
 # blobs served per round (updates, reports spelled out, decided sets, counted reports):
@@ -122,6 +123,8 @@ class Peer:
         self.exporter = Exporter(cfg.metrics, self.gauges, cfg.run.run_id, self.identity.peer_id, _version())
         self.sinks: RoundSinks | None = None
         self.waiting = False  # for peers: before the first round, or alone mid-run
+        self.skew: skew.Estimate | None = None  # this clock against the peers', as last measured
+        self._clock_checked = -math.inf
         self.follow = chain.Follow()  # when this peer leaves its chain for the winning one
         # draws the rows of this witness's loss checks: no sender can tune an update to them
         self.secret = int.from_bytes(os.urandom(8), "big")
@@ -217,8 +220,24 @@ class Peer:
                 self._refresh_gauges()
             except Exception as err:  # nor may the metrics
                 log.debug("metrics refresh failed: %r", err)
+            if time.monotonic() - self._clock_checked >= CLOCK_CHECK_S:
+                self._check_clock()
             if training:
                 self._write_health()
+
+    def _check_clock(self) -> None:
+        """Ping a few peers the DHT knows for their clocks (protocol/skew.py). The DHT's records expire by
+        wall-clock time, and hivemind checks clocks only at its start: a clock that ran off since hides every
+        record (a peer that waits for peers for good, or trains alone) or cuts rounds short. Off by more than
+        hivemind allows at the start: a warning, and health.json says so."""
+        self._clock_checked = time.monotonic()
+        found = skew.estimate(self.transport.clock_samples())
+        if not found.peers:
+            return
+        self.skew = found
+        if found.off():
+            log.warning("%s: records look %s to this peer", health.clock_words(found),
+                        "expired early" if found.ahead_s > 0 else "to live longer")
 
     def _keep_connected(self) -> None:
         """Note who is in sight in the address book, and dial the known peers that are not (back-off per
@@ -244,6 +263,7 @@ class Peer:
 
     def train(self) -> PeerSummary:
         done = threading.Event()  # the heartbeat runs from the start: a peer waiting for others stays visible
+        self._check_clock()  # before the first wait for peers: a clock that hides every record is named at once
         beat = threading.Thread(target=self._heartbeat, args=(True, done), name="heartbeat", daemon=True)
         beat.start()
         try:  # the record stays fresh until the run is wrapped up: a re-sync there must show, and we still serve
@@ -600,7 +620,7 @@ class Peer:
 
     def _write_health(self) -> None:
         health.write(self.cfg.run.output_dir, view=self.chains, round_=self.engine.round if self.engine else 0,
-                     expected=self.sw.expected_peers, waiting=self.waiting)
+                     expected=self.sw.expected_peers, waiting=self.waiting, clock=self.skew)
 
     def _drain(self, pending: RoundExchange | None, t_start: float) -> float:
         """The pipeline drains: the last round's exchange has no next round to hide behind (once per
@@ -708,7 +728,8 @@ class Peer:
                 self._write_health()
             if time.monotonic() >= next_say:
                 log.warning("waiting for peers of run %s: %d found via %s (need %d; swarm.min_peers=1 trains "
-                            "alone)", self.cfg.run.run_id, len(others), self._via(), self.sw.min_peers)
+                            "alone)%s", self.cfg.run.run_id, len(others), self._via(), self.sw.min_peers,
+                            f"; {health.clock_words(self.skew)}" if self.skew is not None and self.skew.off() else "")
                 next_say = time.monotonic() + 10.0
                 if running:
                     self._sync_state(reason="catch up")  # the swarm may simply be ahead of us
@@ -846,4 +867,6 @@ class Peer:
             catchups=t.catchups, state_downloads=t.sync["downloads"], rejected_state_offers=t.sync["rejected_offers"],
             resumed_round=t.resumed_round, state_bytes_up=tr.state_bytes_up,
             own_update_bytes_up=tr.own_update_bytes_up, dht_reads=tr.dht_reads, dht_reads_shared=tr.reads_shared,
+            clock_ahead_s=self.skew.ahead_s if self.skew else None,
+            clock_error_s=self.skew.error_s if self.skew else None,
             phase_s_per_round={k: v / n for k, v in sorted(self.phases.totals().items())})

@@ -45,6 +45,9 @@ class PeerSummary:
     own_update_bytes_up: int = 0  # copies of this peer's own updates uploaded (the rest of bytes_up is relaying)
     dht_reads: int = 0  # DHT reads made, and those answered by another thread's read of the same key just before
     dht_reads_shared: int = 0
+    # this clock against the peers' (protocol/skew.py), as last measured; None when no peer answered a ping
+    clock_ahead_s: float | None = None
+    clock_error_s: float | None = None
     # main-thread seconds per round outside the inner steps, by phase (what utilisation loses, and where)
     phase_s_per_round: dict[str, float] = field(default_factory=dict)
 

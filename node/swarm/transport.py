@@ -19,6 +19,7 @@ import errno
 import functools
 import logging
 import random
+import re
 import shutil
 import struct
 import tempfile
@@ -38,6 +39,7 @@ from hivemind.utils.multiaddr import Multiaddr
 from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm.identity import Identity, peer_id_from_dht_owner
 from gradnode.protocol.records import update_sender
+from gradnode.protocol.skew import MAX_SKEW_S, Sample
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +79,21 @@ def _unanswered(text: str) -> bool:
     return any(words in text for words in _UNANSWERED)
 
 
+# hivemind's words when an initial peer's clock (in its ping's answer) is more than 3 s off this one's
+_CLOCKS = re.compile(r"local time must be within .*local: ([0-9.]+), peer: ([0-9.]+)", re.S)
+
+
+def _clocks_apart(text: str) -> str | None:
+    """What to do about a clock hivemind found off an initial peer's at the start, or None for other words."""
+    found = _CLOCKS.search(text)
+    if found is None:
+        return None
+    ahead = float(found.group(1)) - float(found.group(2))
+    return (f"this machine's clock is {abs(ahead):.1f} s {'ahead of' if ahead > 0 else 'behind'} the initial "
+            f"peer's (the DHT allows {MAX_SKEW_S:.0f} s: its records expire by wall-clock time): sync the clock "
+            "(NTP, e.g. `timedatectl set-ntp true`), here or on the initial peer, whichever is wrong")
+
+
 @contextlib.contextmanager
 def socket_folder() -> Iterator[str]:
     """A new folder in the temp folder for a libp2p daemon's unix sockets (its name short: socket paths are capped
@@ -108,6 +125,9 @@ def fresh_locks() -> None:
 def explain_start_failure(err: BaseException, initial: list[str], hosts: list[str]) -> str:
     """One line for a libp2p daemon that did not start, in the user's terms (not the daemon's)."""
     text = str(err)
+    clocks = _clocks_apart(text)
+    if clocks is not None:
+        return clocks
     if _unanswered(text):
         return (f"no initial peer answered ({', '.join(initial)}): check that a gradnode bootstrap or peer runs "
                 "there, that the address, port and /p2p/ id are the ones it printed, and that no firewall blocks it")
@@ -149,6 +169,26 @@ def _without_peer_id(maddr: str) -> str:
 async def _dht_ping(dht: hivemind.DHT, node: Any, peer: str) -> None:
     """Runs in the DHT's process: ping ``peer``, which adds it to our routing table and us to its one."""
     await node.protocol.call_ping(PeerID.from_base58(peer))
+
+
+async def _dht_clocks(dht: hivemind.DHT, node: Any, limit: int, timeout: float) -> list[tuple[float, float, float]]:
+    """Runs in the DHT's process: ping up to ``limit`` peers of its routing table (those nearest a random id) and
+    note (sent, their time, received) for each that answered with its time."""
+    from hivemind.dht.routing import DHTID
+    from hivemind.proto import dht_pb2
+
+    async def one(peer: PeerID) -> tuple[float, float, float] | None:
+        try:
+            sent = get_dht_time()
+            answer = await node.protocol.get_stub(peer).rpc_ping(
+                dht_pb2.PingRequest(peer=node.protocol.node_info, validate=False), timeout=timeout)
+            received = get_dht_time()
+        except Exception:  # a peer gone or silent: no sample
+            return None
+        return (sent, answer.dht_time, received) if answer.dht_time else None
+
+    near = node.protocol.routing_table.get_nearest_neighbors(DHTID.generate(), k=limit, exclude=node.node_id)
+    return [s for s in await asyncio.gather(*(one(peer) for _, peer in near)) if s is not None]
 
 
 class TokenBucket:
@@ -748,6 +788,19 @@ class Transport:
             if ok:  # in the DHT's own process: its routing table and the other side's learn each other
                 self._dht.run_coroutine(functools.partial(_dht_ping, peer=peer), return_future=True)
         return answered
+
+    def clock_samples(self, limit: int = 5, timeout: float = 5.0) -> list[Sample]:
+        """Ping up to ``limit`` peers this peer's DHT knows (the bootstrap, the peers it met; whether their records
+        are in sight or not) for their clocks (protocol/skew.py); [] when none answers."""
+        if self._dht is None or self._closed:
+            return []
+        try:
+            found = self._dht.run_coroutine(functools.partial(_dht_clocks, limit=limit, timeout=timeout),
+                                            return_future=True).result(timeout + 5.0)
+        except Exception as err:  # a DHT hiccup: no samples this time
+            log.debug("clock samples failed: %r", err)
+            return []
+        return [Sample(*s) for s in found]
 
     def submit(self, coro) -> "concurrent.futures.Future":
         """Run a coroutine on the transport loop without waiting (fetches in the background)."""

@@ -1,0 +1,60 @@
+"""How far this machine's clock is from the swarm's, from pings (pure).
+
+The DHT stamps every record with wall-clock times: a member record expires at its writer's now + its ttl, and an
+announcement's age is the reader's now less its writer's stamp. A reader whose clock runs ahead of the writers'
+by a record's ttl sees every record expired: nobody in sight, a peer that waits for peers for good or trains
+alone. hivemind refuses to start a DHT whose clock is more than ``MAX_SKEW_S`` off an initial peer's (its ping
+carries the other side's time), but only at the start: a clock that jumps or drifts later goes unnoticed, and
+so does one that is off by less than a ttl but more than a deadline window allows.
+
+A ping gives one ``Sample``: this side's time when it asked, the other side's time in its answer, this side's
+time when the answer came. The other side stamped its answer somewhere between the two, so the offset lies
+within half the round trip of ``theirs - (sent + received) / 2``. The estimate is the median over peers: the
+other side's time is its own claim, and a minority of peers with wrong clocks (or lying) cannot move it past
+an honest peer's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+# hivemind's own bound at a DHT's start (hivemind.utils.timed_storage.MAX_DHT_TIME_DISCREPANCY_SECONDS)
+MAX_SKEW_S = 3.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    sent: float  # this side's clock when it pinged
+    theirs: float  # the other side's clock in its answer
+    received: float  # this side's clock when the answer came
+
+    @property
+    def offset(self) -> float:
+        """The other side's clock less this side's (positive: theirs runs ahead)."""
+        return self.theirs - (self.sent + self.received) / 2
+
+    @property
+    def error(self) -> float:
+        return max(0.0, self.received - self.sent) / 2
+
+
+@dataclass(frozen=True)
+class Estimate:
+    ahead_s: float  # how far this side's clock runs ahead of the median peer's (negative: behind)
+    error_s: float  # the round trip's share of uncertainty, of the sample the median is
+    peers: int  # the samples it rests on
+
+    def off(self, limit_s: float = MAX_SKEW_S) -> bool:
+        """Off by more than ``limit_s`` whatever the round trips hid."""
+        return self.peers > 0 and abs(self.ahead_s) - self.error_s > limit_s
+
+
+def estimate(samples: Sequence[Sample]) -> Estimate:
+    """The median sample's offset (the lower median of an even count: the bound holds for either), with its error;
+    samples with a negative round trip (a clock stepped between send and answer) are dropped."""
+    ok = sorted((s for s in samples if s.received >= s.sent), key=lambda s: (s.offset, s.error))
+    if not ok:
+        return Estimate(0.0, 0.0, 0)
+    mid = ok[(len(ok) - 1) // 2]
+    return Estimate(-mid.offset, mid.error, len(ok))

@@ -1,0 +1,51 @@
+"""protocol/skew.py: how far this clock is from the peers', from pings."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gradnode.protocol.skew import MAX_SKEW_S, Sample, estimate
+
+
+def ping(ahead: float, sent: float, out: float, back: float, theirs_ahead: float | None = None) -> Sample:
+    """A ping from a clock ``ahead`` s ahead of true time, ``out`` s on the way there, ``back`` s back; the other
+    side's clock ``theirs_ahead`` s ahead of true time (0: right)."""
+    true_sent = sent - ahead
+    theirs = true_sent + out + (theirs_ahead or 0.0)
+    return Sample(sent, theirs, sent + out + back)
+
+
+delays = st.floats(0.0, 5.0)
+
+
+@given(ahead=st.floats(-1e4, 1e4), out=st.lists(delays, min_size=1, max_size=9),
+       back=st.lists(delays, min_size=9, max_size=9))
+def test_the_estimate_is_within_its_error_of_the_truth_whatever_the_delays(ahead: float, out: list[float],
+                                                                           back: list[float]) -> None:
+    found = estimate([ping(ahead, 1.8e9 + i, o, b) for i, (o, b) in enumerate(zip(out, back))])
+    assert found.peers == len(out)
+    assert abs(found.ahead_s - ahead) <= found.error_s + 1e-6
+
+
+@given(ahead=st.floats(-100, 100), honest=st.integers(1, 6), liars=st.data())
+def test_a_minority_of_wrong_or_lying_clocks_cannot_move_the_median_past_an_honest_peer(ahead: float, honest: int,
+                                                                                       liars) -> None:
+    lies = liars.draw(st.lists(st.floats(-1e6, 1e6), max_size=honest - 1))
+    samples = [ping(ahead, 1.8e9, 0.05, 0.05) for _ in range(honest)]
+    samples += [ping(ahead, 1.8e9, 0.05, 0.05, theirs_ahead=lie) for lie in lies]
+    found = estimate(samples)
+    assert abs(found.ahead_s - ahead) <= found.error_s + 1e-6
+
+
+def test_off_only_past_the_bound_and_what_the_round_trip_hides() -> None:
+    assert not estimate([]).off() and estimate([]).peers == 0
+    assert estimate([ping(40.0, 1.8e9, 0.1, 0.1)]).off()
+    assert estimate([ping(-40.0, 1.8e9, 0.1, 0.1)]).off()
+    assert not estimate([ping(MAX_SKEW_S - 0.5, 1.8e9, 0.1, 0.1)]).off()
+    # 4 s apart by the midpoint, but a 3 s round trip could hide 1.5 of them: not proven off
+    assert not estimate([ping(4.0, 1.8e9, 1.5, 1.5)]).off()
+
+
+def test_a_clock_stepped_between_send_and_answer_gives_no_sample() -> None:
+    assert estimate([Sample(sent=100.0, theirs=50.0, received=90.0)]).peers == 0

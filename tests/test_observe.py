@@ -117,6 +117,13 @@ def test_the_page_counts_chains_not_newest_hashes() -> None:
     watch.peers[c] = seen(c, [(1, h("a1")), (2, h("c2"))])  # a fork at round 2
     s = watch.snapshot()
     assert s["chains"] == 2 and [p["agrees"] for p in s["peers"]] == [True, True, False]
+    # a 1-1 tie goes where the peers' own rule sends it: to the chain a peer serves, not a client-mode peer's
+    # (whose state nobody can download) though its id is the lowest
+    client = seen(a, [(1, h("a1")), (2, h("a2"))])
+    client.record = client.record.model_copy(update={"reachable": False})
+    watch.peers = {a: client, c: seen(c, [(1, h("a1")), (2, h("c2"))])}
+    s = watch.snapshot()
+    assert s["chains"] == 2 and [p["agrees"] for p in s["peers"]] == [False, True], s["peers"]
 
 
 def test_metrics_are_off_unless_a_port_is_configured() -> None:

@@ -137,9 +137,11 @@ class SwarmWatch:
         mono = time.monotonic()
         with self._lock:
             live = {p: s for p, s in self.peers.items() if mono - s.changed <= self.membership.fresh_s}
-            # peers a round apart follow one chain: group them as the peers do (protocol/chain.py)
+            # peers a round apart follow one chain: group them as the peers do (protocol/chain.py), a tie to a
+            # chain some peer serves (a client-mode peer's state nobody can download), then to the lowest id
             found = chain.groups({p: list(s.record.chain) for p, s in live.items()
-                                  if s.record.training and s.record.chain})
+                                  if s.record.training and s.record.chain},
+                                 serving={p for p, s in live.items() if s.record.reachable})
             winners = set(found[0]) if found else set()
             ignoring = Counter(p for s in live.values() for p in s.record.ignoring)
             held = [dict(s.record.scores) for s in live.values() if s.record.training]

@@ -16,6 +16,7 @@ an honest peer's.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -52,8 +53,10 @@ class Estimate:
 
 def estimate(samples: Sequence[Sample]) -> Estimate:
     """The median sample's offset (the lower median of an even count: the bound holds for either), with its error;
-    samples with a negative round trip (a clock stepped between send and answer) are dropped."""
-    ok = sorted((s for s in samples if s.received >= s.sent), key=lambda s: (s.offset, s.error))
+    samples with a negative round trip (a clock stepped between send and answer) or a time that is no number (an
+    answer's NaN or infinity) are dropped."""
+    ok = sorted((s for s in samples if s.received >= s.sent and math.isfinite(s.offset)),
+                key=lambda s: (s.offset, s.error))
     if not ok:
         return Estimate(0.0, 0.0, 0)
     mid = ok[(len(ok) - 1) // 2]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -47,5 +49,9 @@ def test_off_only_past_the_bound_and_what_the_round_trip_hides() -> None:
     assert not estimate([ping(4.0, 1.8e9, 1.5, 1.5)]).off()
 
 
-def test_a_clock_stepped_between_send_and_answer_gives_no_sample() -> None:
+def test_a_clock_stepped_between_send_and_answer_or_a_time_that_is_no_number_gives_no_sample() -> None:
     assert estimate([Sample(sent=100.0, theirs=50.0, received=90.0)]).peers == 0
+    right = Sample(sent=100.0, theirs=100.1, received=100.2)
+    for bad in (math.nan, math.inf, -math.inf):
+        found = estimate([right, Sample(sent=100.0, theirs=bad, received=100.2), right])
+        assert found.peers == 2 and abs(found.ahead_s) < 1e-9 and not found.off(), found

@@ -8,10 +8,15 @@ carries the other side's time), but only at the start: a clock that jumps or dri
 so does one that is off by less than a ttl but more than a deadline window allows.
 
 A ping gives one ``Sample``: this side's time when it asked, the other side's time in its answer, this side's
-time when the answer came. The other side stamped its answer somewhere between the two, so the offset lies
-within half the round trip of ``theirs - (sent + received) / 2``. The estimate is the median over peers: the
-other side's time is its own claim, and a minority of peers with wrong clocks (or lying) cannot move it past
-an honest peer's.
+time when the answer came. The other side stamped its answer somewhere between the two, so a right clock's
+offset lies in ``theirs - (sent + received) / 2`` +- half the round trip: an interval. The estimate is the
+interval that the samples' intervals give by majority: its low end the median of their low ends, its high end
+the median of their high ends (the lower and the upper median of an even count). Every right clock's interval
+holds the truth, so when at least half the samples are right clocks, the estimate holds it too, whatever the
+others answer and however fast (the other side's time is its own claim): wrong or lying clocks raise no alarm
+unless they are more than half of those pinged, and when they are fewer than half the estimate lies within
+the right clocks' own intervals (they cannot hide a real offset either). Whom to ping is the shell's choice
+(node/swarm/peer.py: the initial peers and voting peers in sight, one sample per peer).
 """
 
 from __future__ import annotations
@@ -42,8 +47,8 @@ class Sample:
 
 @dataclass(frozen=True)
 class Estimate:
-    ahead_s: float  # how far this side's clock runs ahead of the median peer's (negative: behind)
-    error_s: float  # the round trip's share of uncertainty, of the sample the median is
+    ahead_s: float  # how far this side's clock runs ahead of the peers' (negative: behind), the interval's middle
+    error_s: float  # half the interval's width
     peers: int  # the samples it rests on
 
     def off(self, limit_s: float = MAX_SKEW_S) -> bool:
@@ -52,12 +57,14 @@ class Estimate:
 
 
 def estimate(samples: Sequence[Sample]) -> Estimate:
-    """The median sample's offset (the lower median of an even count: the bound holds for either), with its error;
+    """The majority interval of the samples' offsets (see the module's doc), as how far this clock runs ahead;
     samples with a negative round trip (a clock stepped between send and answer) or a time that is no number (an
     answer's NaN or infinity) are dropped."""
-    ok = sorted((s for s in samples if s.received >= s.sent and math.isfinite(s.offset)),
-                key=lambda s: (s.offset, s.error))
+    ok = [s for s in samples if s.received >= s.sent and math.isfinite(s.offset)]
     if not ok:
         return Estimate(0.0, 0.0, 0)
-    mid = ok[(len(ok) - 1) // 2]
-    return Estimate(-mid.offset, mid.error, len(ok))
+    n = len(ok)
+    low = sorted(s.offset - s.error for s in ok)[(n - 1) // 2]
+    high = sorted(s.offset + s.error for s in ok)[n // 2]
+    # low > high only when the samples' majority shares no point (more than half of them wrong): its middle
+    return Estimate(-(low + high) / 2, abs(high - low) / 2, n)

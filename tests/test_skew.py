@@ -30,14 +30,30 @@ def test_the_estimate_is_within_its_error_of_the_truth_whatever_the_delays(ahead
     assert abs(found.ahead_s - ahead) <= found.error_s + 1e-6
 
 
-@given(ahead=st.floats(-100, 100), honest=st.integers(1, 6), liars=st.data())
-def test_a_minority_of_wrong_or_lying_clocks_cannot_move_the_median_past_an_honest_peer(ahead: float, honest: int,
-                                                                                       liars) -> None:
-    lies = liars.draw(st.lists(st.floats(-1e6, 1e6), max_size=honest - 1))
-    samples = [ping(ahead, 1.8e9, 0.05, 0.05) for _ in range(honest)]
-    samples += [ping(ahead, 1.8e9, 0.05, 0.05, theirs_ahead=lie) for lie in lies]
-    found = estimate(samples)
-    assert abs(found.ahead_s - ahead) <= found.error_s + 1e-6
+lies = st.tuples(st.floats(-1e6, 1e6), st.floats(0.0, 5.0))  # the time a liar claims, and how fast it answers
+
+
+@given(ahead=st.floats(-100, 100), honest=st.lists(st.tuples(delays, delays), min_size=1, max_size=6),
+       liars=st.data())
+def test_wrong_or_lying_clocks_up_to_half_cannot_raise_the_alarm_or_move_the_estimate_off_the_truth(
+        ahead: float, honest: list[tuple[float, float]], liars) -> None:
+    told = liars.draw(st.lists(lies, max_size=len(honest)))
+    samples = [ping(ahead, 1.8e9, out, back) for out, back in honest]
+    samples += [ping(ahead, 1.8e9, rtt / 2, rtt / 2, theirs_ahead=lie) for lie, rtt in told]
+    found = estimate(liars.draw(st.permutations(samples)))
+    assert abs(found.ahead_s - ahead) <= found.error_s + 1e-6  # the truth is inside
+    if abs(ahead) <= MAX_SKEW_S:
+        assert not found.off()
+    if len(told) < len(honest):  # fewer than half: no wider than the right clocks' own intervals
+        right = [s.offset for s in samples[:len(honest)]]
+        width = [s.error for s in samples[:len(honest)]]
+        assert min(o - e for o, e in zip(right, width)) - 1e-6 <= -found.ahead_s - found.error_s
+        assert -found.ahead_s + found.error_s <= max(o + e for o, e in zip(right, width)) + 1e-6
+
+
+def test_more_than_half_wrong_clocks_can_raise_the_alarm_which_is_why_whom_to_ping_matters() -> None:
+    right, wrong = ping(0.0, 1.8e9, 0.1, 0.1), ping(0.0, 1.8e9, 0.01, 0.01, theirs_ahead=-50.0)
+    assert not estimate([right, wrong]).off() and estimate([right, wrong, wrong]).off()
 
 
 def test_off_only_past_the_bound_and_what_the_round_trip_hides() -> None:

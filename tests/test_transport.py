@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import re
 import threading
 import time
 from pathlib import Path
@@ -371,7 +372,9 @@ def test_a_clock_off_the_initial_peers_is_refused_at_the_start_in_words_that_say
     finally:
         peer.close()
     words = str(err.value)
-    assert not err.value.unanswered and "clock is 40." in words and "s ahead of the initial peer's" in words, words
+    found = re.search(r"clock is ([0-9.]+) s ahead of the initial peer's", words)
+    # 40 s less the time the initial peer took to stamp its answer (a loaded machine: a second or more)
+    assert not err.value.unanswered and found and 30.0 <= float(found.group(1)) <= 40.1, words
     assert "NTP" in words, words
 
 
@@ -386,10 +389,12 @@ def test_a_peer_measures_its_clock_against_the_peers_its_dht_knows(trio, tmp_pat
         with clock_ahead(monkeypatch, 40.0, checked=False):
             ahead.start(timeout=30)
         ahead.dial([(trio[1].peer_id, trio[1].maddrs()), (trio[2].peer_id, trio[2].maddrs())])
-        found = skew.estimate(ahead.clock_samples())
-        assert found.peers >= 1 and found.off() and abs(found.ahead_s - 40.0) <= found.error_s + 0.05, found
+        found = skew.estimate(ahead.clock_samples([t.peer_id for t in trio]))
+        assert found.peers == 3 and found.off() and abs(found.ahead_s - 40.0) <= found.error_s + 0.05, found
+        # with no peers named, those its DHT knows, one sample per peer
+        assert 1 <= skew.estimate(ahead.clock_samples()).peers <= 3
         right = [skew.estimate(t.clock_samples()) for t in trio]
-        # each knows the other two right clocks at least: the one clock ahead is no median
+        # each knows the other two right clocks at least: the one clock ahead is no majority
         assert all(r.peers >= 1 and abs(r.ahead_s) <= r.error_s + 0.05 for r in right), right
     finally:
         ahead.close()

@@ -25,6 +25,7 @@ import hashlib
 import logging
 import math
 import os
+import random
 import signal
 import threading
 import time
@@ -64,6 +65,7 @@ log = logging.getLogger(__name__)
 LINGER_S = 60.0  # at most this long a finished peer serves the others that do not hold its state yet
 LOOK_S = 2.0  # how often a lingering peer looks at the chains (chain.Follow acts on two looks in a row)
 CLOCK_CHECK_S = 60.0  # how often a peer pings a few others for their clocks (protocol/skew.py)
+CLOCK_PEERS = 5  # peers pinged a check: up to 2 initial peers, the rest voting trainers in sight
 HEARTBEAT_S = 10.0  # member record refresh and re-dialling of absent peers, at most this far apart
 DIAL_WINDOW_S = 6 * 3600.0  # address-book peers seen within this are re-dialled while absent
 # blobs served per round (updates, reports spelled out, decided sets, counted reports):
@@ -125,6 +127,7 @@ class Peer:
         self.waiting = False  # for peers: before the first round, or alone mid-run
         self.skew: skew.Estimate | None = None  # this clock against the peers', as last measured
         self._clock_checked = -math.inf
+        self._clock_thread: threading.Thread | None = None
         self.follow = chain.Follow()  # when this peer leaves its chain for the winning one
         # draws the rows of this witness's loss checks: no sender can tune an update to them
         self.secret = int.from_bytes(os.urandom(8), "big")
@@ -221,20 +224,38 @@ class Peer:
             except Exception as err:  # nor may the metrics
                 log.debug("metrics refresh failed: %r", err)
             if time.monotonic() - self._clock_checked >= CLOCK_CHECK_S:
-                self._check_clock()
+                self._start_clock_check()
             if training:
                 self._write_health()
 
-    def _check_clock(self) -> None:
-        """Ping a few peers the DHT knows for their clocks (protocol/skew.py). The DHT's records expire by
-        wall-clock time, and hivemind checks clocks only at its start: a clock that ran off since hides every
-        record (a peer that waits for peers for good, or trains alone) or cuts rounds short. Off by more than
-        hivemind allows at the start: a warning, and health.json says so."""
-        self._clock_checked = time.monotonic()
-        found = skew.estimate(self.transport.clock_samples())
-        if not found.peers:
+    def _start_clock_check(self) -> None:
+        """The clock check on a thread of its own: its pings wait up to 10 s for a silent peer, which neither the
+        heartbeat (the member record must stay fresh) nor the training loop may."""
+        if self._clock_thread is not None and self._clock_thread.is_alive():
             return
-        self.skew = found
+        self._clock_checked = time.monotonic()
+        self._clock_thread = threading.Thread(target=self._check_clock, name="clock-check", daemon=True)
+        self._clock_thread.start()
+
+    def _check_clock(self) -> None:
+        """Ping a few peers for their clocks (protocol/skew.py): the initial peers (the operator's choice) and
+        voting trainers in sight (keys with work behind them, as the votes count), one sample per peer; the DHT's
+        known peers when there are none (a clock a record's lifetime ahead sees no record). The DHT's records
+        expire by wall-clock time, and hivemind checks clocks only at its start: a clock that ran off since hides
+        every record (a peer that waits for peers for good, or trains alone) or cuts rounds short. Off by more
+        than hivemind allows at the start: a warning, and health.json says so."""
+        try:
+            me = self.identity.peer_id
+            initial = [p for p in dict.fromkeys(m.rsplit("/p2p/", 1)[-1] for m in self.sw.initial_peers) if p != me]
+            voters = self._voters()
+            seen = sorted(p for p, m in self.membership.fresh().items()
+                          if p != me and p not in initial and m.training and (not voters or p in voters))
+            targets = initial[:2] + random.sample(seen, min(len(seen), CLOCK_PEERS - min(2, len(initial))))
+            found = skew.estimate(self.transport.clock_samples(targets, limit=CLOCK_PEERS))
+        except Exception as err:  # a DHT hiccup: no figure this time
+            log.debug("clock check failed: %r", err)
+            return
+        self.skew = found if found.peers else None
         if found.off():
             log.warning("%s: records look %s to this peer", health.clock_words(found),
                         "expired early" if found.ahead_s > 0 else "to live longer")
@@ -263,7 +284,7 @@ class Peer:
 
     def train(self) -> PeerSummary:
         done = threading.Event()  # the heartbeat runs from the start: a peer waiting for others stays visible
-        self._check_clock()  # before the first wait for peers: a clock that hides every record is named at once
+        self._start_clock_check()  # before the first wait for peers: a clock that hides every record is named
         beat = threading.Thread(target=self._heartbeat, args=(True, done), name="heartbeat", daemon=True)
         beat.start()
         try:  # the record stays fresh until the run is wrapped up: a re-sync there must show, and we still serve
@@ -727,9 +748,10 @@ class Peer:
                 self.waiting = True
                 self._write_health()
             if time.monotonic() >= next_say:
+                clock = self.skew
                 log.warning("waiting for peers of run %s: %d found via %s (need %d; swarm.min_peers=1 trains "
                             "alone)%s", self.cfg.run.run_id, len(others), self._via(), self.sw.min_peers,
-                            f"; {health.clock_words(self.skew)}" if self.skew is not None and self.skew.off() else "")
+                            f"; {health.clock_words(clock)}" if clock is not None and clock.off() else "")
                 next_say = time.monotonic() + 10.0
                 if running:
                     self._sync_state(reason="catch up")  # the swarm may simply be ahead of us
@@ -854,6 +876,7 @@ class Peer:
 
     def _summary(self, wall: float) -> PeerSummary:
         t, tr, n = self.tally, self.transport, max(1, self.tally.rounds_done)
+        clock = self.skew  # one measurement: the clock-check thread swaps it whole
         return PeerSummary(
             peer=self.identity.peer_id, rounds=self.engine.round, final_loss=self.last_loss,
             val_loss_first=self.val_first, val_loss_last=self.val_last, param_hash=self.engine.state_hash(),
@@ -867,6 +890,6 @@ class Peer:
             catchups=t.catchups, state_downloads=t.sync["downloads"], rejected_state_offers=t.sync["rejected_offers"],
             resumed_round=t.resumed_round, state_bytes_up=tr.state_bytes_up,
             own_update_bytes_up=tr.own_update_bytes_up, dht_reads=tr.dht_reads, dht_reads_shared=tr.reads_shared,
-            clock_ahead_s=self.skew.ahead_s if self.skew else None,
-            clock_error_s=self.skew.error_s if self.skew else None,
+            clock_ahead_s=clock.ahead_s if clock else None,
+            clock_error_s=clock.error_s if clock else None,
             phase_s_per_round={k: v / n for k, v in sorted(self.phases.totals().items())})

@@ -171,9 +171,11 @@ async def _dht_ping(dht: hivemind.DHT, node: Any, peer: str) -> None:
     await node.protocol.call_ping(PeerID.from_base58(peer))
 
 
-async def _dht_clocks(dht: hivemind.DHT, node: Any, limit: int, timeout: float) -> list[tuple[float, float, float]]:
-    """Runs in the DHT's process: ping up to ``limit`` peers of its routing table (those nearest a random id) and
-    note (sent, their time, received) for each that answered with its time."""
+async def _dht_clocks(dht: hivemind.DHT, node: Any, peers: list[str], limit: int,
+                      timeout: float) -> list[tuple[float, float, float]]:
+    """Runs in the DHT's process: ping ``peers`` (none given: up to ``limit`` distinct peers of its routing table,
+    those nearest a random id; one peer can hold many of its entries, one per node id it made up) and note
+    (sent, their time, received) for each that answered with its time."""
     from hivemind.dht.routing import DHTID
     from hivemind.proto import dht_pb2
 
@@ -187,8 +189,12 @@ async def _dht_clocks(dht: hivemind.DHT, node: Any, limit: int, timeout: float) 
             return None
         return (sent, answer.dht_time, received) if answer.dht_time else None
 
-    near = node.protocol.routing_table.get_nearest_neighbors(DHTID.generate(), k=limit, exclude=node.node_id)
-    return [s for s in await asyncio.gather(*(one(peer) for _, peer in near)) if s is not None]
+    if peers:
+        targets = list(dict.fromkeys(PeerID.from_base58(p) for p in peers))[:limit]
+    else:
+        near = node.protocol.routing_table.get_nearest_neighbors(DHTID.generate(), k=8 * limit, exclude=node.node_id)
+        targets = list(dict.fromkeys(peer for _, peer in near))[:limit]
+    return [s for s in await asyncio.gather(*(one(peer) for peer in targets)) if s is not None]
 
 
 class TokenBucket:
@@ -789,13 +795,15 @@ class Transport:
                 self._dht.run_coroutine(functools.partial(_dht_ping, peer=peer), return_future=True)
         return answered
 
-    def clock_samples(self, limit: int = 5, timeout: float = 5.0) -> list[Sample]:
-        """Ping up to ``limit`` peers this peer's DHT knows (the bootstrap, the peers it met; whether their records
-        are in sight or not) for their clocks (protocol/skew.py); [] when none answers."""
+    def clock_samples(self, peers: Iterable[str] = (), limit: int = 5, timeout: float = 5.0) -> list[Sample]:
+        """Ping up to ``limit`` of ``peers`` (peer ids; none given: distinct peers this peer's DHT knows, whether
+        their records are in sight or not) for their clocks, one sample per peer (protocol/skew.py); [] when none
+        answers. Blocks up to ``timeout`` + 5 s: call it off the threads that keep time."""
         if self._dht is None or self._closed:
             return []
         try:
-            found = self._dht.run_coroutine(functools.partial(_dht_clocks, limit=limit, timeout=timeout),
+            found = self._dht.run_coroutine(functools.partial(_dht_clocks, peers=list(peers), limit=limit,
+                                                              timeout=timeout),
                                             return_future=True).result(timeout + 5.0)
         except Exception as err:  # a DHT hiccup: no samples this time
             log.debug("clock samples failed: %r", err)

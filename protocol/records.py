@@ -238,6 +238,19 @@ class WeightHash(Record):
     update_bytes: int = Field(0, ge=0, le=2**50, description="Total size of the included update blobs.")
 
 
+class Finished(Record):
+    """A peer reached the run's last round (``round``: the rounds it applied) on weights of ``param_hash``. It
+    outlives the peer's member record by days (a peer that comes back after the others finished finds it), so it
+    carries its author's public key: verified on its own (the key must hash to ``peer``)."""
+
+    kind: ClassVar[str] = "finished"
+    peer: PeerId
+    public_key: bytes = Field(min_length=64, max_length=1024, description="RSA public key, DER (SPKI).")
+    round: Round
+    param_hash: Hash
+    time: float = Field(ge=0.0, le=1e11)
+
+
 class Holdings(Record):
     """The updates of round r that a peer holds and serves (gossip: fetchers spread over holders)."""
 
@@ -285,7 +298,8 @@ def state_chunk_name(run_id: str, round_: int, digest: str) -> str:
     return f"s/{run_id}/{round_}/{digest}"
 
 
-Table = Literal["members", "updates", "reports", "equivocations", "weights", "state", "holdings", "revocations"]
+Table = Literal["members", "updates", "reports", "equivocations", "weights", "state", "holdings", "revocations",
+                "finished"]
 
 
 def dht_key(run_id: str, what: Table, round_: int | None = None) -> str:

@@ -106,3 +106,18 @@ def after_hash_check(off: bool, follow: chain.Follow, standing: chain.Standing |
     if standing is not None:
         return follow.step(standing, off)
     return "resync" if off else None
+
+
+def run_over(finished: Mapping[str, tuple[int, str]], ledger: Collection[str], me: str,
+             target: int) -> tuple[int, str] | None:
+    """Whether the run is over for a peer that sees no trainer: more than half the keys of its ledger other than
+    itself (the contributors its chain knows: work behind each) say they reached the run's last round
+    ``target`` (``finished``: key -> the round it reached, its weight hash). Then the (round, hash) most of them
+    name (a tie to the later round, then the lower hash); else None: a fresh peer (no ledger) believes nobody,
+    and a minority of its contributors cannot end the run for it (one that lies, or a side of a split)."""
+    others = set(ledger) - {me}
+    done = [v for p, v in finished.items() if p in others and v[0] >= target]
+    if not others or 2 * len(done) <= len(others):
+        return None
+    counts = Counter(done)
+    return min(counts, key=lambda v: (-counts[v], -v[0], v[1]))

@@ -50,7 +50,8 @@ PROCESS_FILES = ("test_partition.py", "test_swarm_faults.py", "test_transport.py
 # whole suite: each worker busy for 638 and 653 s, the suite 659 s; before, 720 s (all process tests on one
 # worker) and 256 s, the suite 755 s.
 BESIDE = ("test_swarm_faults.py", "test_transport.py", "test_agreement.py", "test_cli.py", "test_eval.py",
-          "test_partition.py::test_a_peer_alone_waits_for_its_run_and_says_so")
+          "test_partition.py::test_a_peer_alone_waits_for_its_run_and_says_so",
+          "test_partition.py::test_a_peer_back_after_its_run_ended_is_told_so_and_stops")
 SPREAD = ("test_virtual.py",)
 
 

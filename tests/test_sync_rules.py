@@ -89,3 +89,30 @@ def test_a_hash_off_the_majority_resyncs_unless_our_chain_wins() -> None:
     assert winning.on_winner and sync.after_hash_check(True, chain.Follow(), winning) is None
     losing = chain.standing({"me": [(6, "m")], "a": [(6, "x")], "b": [(6, "x")]}, "me")
     assert not losing.on_winner and sync.after_hash_check(True, chain.Follow(), losing) == "resync"
+
+
+def test_the_run_is_over_only_when_most_of_the_peers_ledger_says_so() -> None:
+    """A peer that comes back after its swarm finished sees nobody train: the run is over for it when more than
+    half the contributors its ledger knows (itself aside) stored that they reached the run's last round."""
+    ledger = {"me": 9, "a": 9, "b": 9, "c": 8}
+    done = {"a": (10, "aa" * 8), "b": (10, "aa" * 8)}
+    assert sync.run_over(done, ledger, "me", 10) == (10, "aa" * 8)
+    assert sync.run_over({"a": (10, "aa" * 8)}, ledger, "me", 10) is None  # one of three: a liar, or a split's side
+    assert sync.run_over(done, ledger, "me", 12) is None  # they stopped before this peer's last round
+    assert sync.run_over(done, {}, "me", 10) is None  # a fresh peer knows nobody's work: it believes nobody
+    strangers = {f"s{i}": (10, "bb" * 8) for i in range(50)}  # keys outside the ledger count for nothing
+    assert sync.run_over({**strangers, "a": (10, "aa" * 8)}, ledger, "me", 10) is None
+    assert sync.run_over({"me": (10, "cc" * 8), "a": (10, "aa" * 8)}, {"me": 1, "a": 1}, "me", 10) == (10, "aa" * 8)
+    # most name one end; a tie between ends goes to the later round, then the lower hash (the same on every peer)
+    mixed = {"a": (10, "aa" * 8), "b": (11, "bb" * 8), "c": (11, "bb" * 8)}
+    assert sync.run_over(mixed, ledger, "me", 10) == (11, "bb" * 8)
+    assert sync.run_over({"a": (10, "bb" * 8), "b": (10, "aa" * 8)}, {"a": 1, "b": 1}, "me", 10) == (10, "aa" * 8)
+
+
+@given(ledger=st.sets(st.sampled_from("abcdefgh"), max_size=8), told=st.dictionaries(
+    st.sampled_from("abcdefghxyz"), st.tuples(st.integers(0, 12), st.sampled_from(["aa" * 8, "bb" * 8]))))
+def test_the_runs_end_needs_a_majority_of_the_ledger_whatever_the_others_say(ledger: set[str], told) -> None:
+    over = sync.run_over(told, dict.fromkeys(ledger, 0), "a", 10)
+    backers = [p for p, v in told.items() if p in ledger and p != "a" and v[0] >= 10]
+    assert (over is not None) == (2 * len(backers) > len(ledger - {"a"}) > 0)
+    assert over is None or over in [told[p] for p in backers]

@@ -16,6 +16,7 @@ from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm import transport
 from gradnode.node.swarm.identity import load_or_create
 from gradnode.node.swarm.transport import Transport, TransportError
+from gradnode.protocol.records import dht_key
 from gradnode.protocol import skew
 
 pytestmark = pytest.mark.swarm
@@ -93,7 +94,6 @@ def test_a_replayed_leaving_record_does_not_make_a_peer_leave(trio, monkeypatch:
     under its own key. The signature is a's, so without the owner check c takes a for gone (nobody would
     wait for its proposal); with it, c sees a as a live member and counts b's record as bad."""
     from gradnode.node.swarm.membership import Membership
-    from gradnode.protocol.records import dht_key
 
     monkeypatch.setattr(transport, "READ_SHARE_S", 0.0)  # each read of c begins after the others' stores before it
     a, b, c = trio
@@ -398,3 +398,25 @@ def test_a_peer_measures_its_clock_against_the_peers_its_dht_knows(trio, tmp_pat
         assert all(r.peers >= 1 and abs(r.ahead_s) <= r.error_s + 0.05 for r in right), right
     finally:
         ahead.close()
+
+
+def test_a_finished_record_is_verified_by_the_key_it_carries_and_only_its_authors(trio) -> None:
+    """'finished' records outlive their authors' member records (a peer back after the run's end reads them):
+    each is checked against the public key it carries, which must hash to its author; a record naming one
+    key and carrying another, or stored under another key than its author's, is dropped."""
+    from gradnode.node.swarm.membership import Membership
+    from gradnode.protocol.records import Finished
+
+    a, b, c = trio
+    ma, mb, mc = (Membership(t, t.identity, "run", ttl=30.0) for t in trio)
+    said = dict(run_id="run", round=6, param_hash="ab" * 8, time=a.now())
+    assert ma.write("finished", None, Finished(peer=a.peer_id, public_key=a.identity.public_der, **said), ttl=60)
+    # b claims to be... itself, with a's key (to borrow a's standing): the key hashes to a, not b
+    assert mb.write("finished", None, Finished(peer=b.peer_id, public_key=a.identity.public_der, **said), ttl=60)
+    got = mc.read("finished", None, Finished, fresh=True)
+    assert [r.peer for r in got] == [a.peer_id] and mc.bad_records.get(b.peer_id) == 1, (got, mc.bad_records)
+    # b stores a's genuine record again under its own key (its subkey holds one value: this one now)
+    genuine = next(raw for owner, raw in c.get(dht_key("run", "finished")) if owner == a.peer_id)
+    assert b.store(dht_key("run", "finished"), genuine, ttl=60)
+    got = mc.read("finished", None, Finished, fresh=True)
+    assert [r.peer for r in got] == [a.peer_id] and mc.bad_records.get(b.peer_id) == 2, (got, mc.bad_records)

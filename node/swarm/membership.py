@@ -20,14 +20,15 @@ from gradnode.node.swarm.admission import Gate
 from gradnode.node.swarm.identity import Identity, peer_id_from_public_der, verify
 from gradnode.node.swarm.transport import Transport
 from gradnode.protocol import round as core
-from gradnode.protocol.records import PROTOCOL_VERSION, MemberRecord, Record, RecordError, WeightHash, dht_key
+from gradnode.protocol.records import (PROTOCOL_VERSION, Finished, MemberRecord, Record, RecordError, WeightHash,
+                                       dht_key)
 
 log = logging.getLogger(__name__)
 
 SOFTWARE_VERSION = f"gradnode/{__version__}"[:32]
 R = TypeVar("R", bound=Record)
 _AUTHOR_FIELD = {"update": "sender", "report": "witness", "weights": "peer", "state": "peer", "member": "peer_id",
-                 "holdings": "peer", "equivocation": "reporter"}
+                 "holdings": "peer", "equivocation": "reporter", "finished": "peer"}
 
 
 def kept_for_catchup(cfg: SwarmConfig, round_seconds: float) -> float:
@@ -178,7 +179,10 @@ class Membership:
 
     def verify_record(self, rec: Record) -> bool:
         author = getattr(rec, _AUTHOR_FIELD[rec.kind])
-        key = self.public_key(author)
+        if isinstance(rec, Finished):  # its author's member record is long gone: the key it carries, if it is its
+            key = rec.public_key if peer_id_from_public_der(rec.public_key) == author else None
+        else:
+            key = self.public_key(author)
         return rec.run_id == self.run_id and key is not None and verify(key, rec.signing_bytes(), rec.signature)
 
     def read(self, what: str, round_: int | None, cls: type[R], fresh: bool = False) -> list[R]:

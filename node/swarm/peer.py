@@ -54,7 +54,7 @@ from gradnode.protocol import chain, skew
 from gradnode.protocol import sync as sync_rules
 from gradnode.protocol import votes
 from gradnode.protocol.chain import Link
-from gradnode.protocol.records import update_name
+from gradnode.protocol.records import Finished, update_name
 from gradnode.protocol.witness import eligible_witnesses
 
 if TYPE_CHECKING:  # torch: imported by the training loop only, not by `--help`
@@ -66,6 +66,7 @@ LINGER_S = 60.0  # at most this long a finished peer serves the others that do n
 LOOK_S = 2.0  # how often a lingering peer looks at the chains (chain.Follow acts on two looks in a row)
 CLOCK_CHECK_S = 60.0  # how often a peer pings a few others for their clocks (protocol/skew.py)
 CLOCK_PEERS = 5  # peers pinged a check: up to 2 initial peers, the rest voting trainers in sight
+FINISHED_TTL_S = 7 * 86400.0  # how long a peer's 'finished' record outlives it (a peer back after the run's end)
 HEARTBEAT_S = 10.0  # member record refresh and re-dialling of absent peers, at most this far apart
 DIAL_WINDOW_S = 6 * 3600.0  # address-book peers seen within this are re-dialled while absent
 # blobs served per round (updates, reports spelled out, decided sets, counted reports):
@@ -125,6 +126,7 @@ class Peer:
         self.exporter = Exporter(cfg.metrics, self.gauges, cfg.run.run_id, self.identity.peer_id, _version())
         self.sinks: RoundSinks | None = None
         self.waiting = False  # for peers: before the first round, or alone mid-run
+        self.run_over: tuple[int, str] | None = None  # (round, hash) the run ended on, told by its contributors
         self.skew: skew.Estimate | None = None  # this clock against the peers', as last measured
         self._clock_checked = -math.inf
         self._clock_thread: threading.Thread | None = None
@@ -659,10 +661,30 @@ class Peer:
             self._save_checkpoint()
         if self._last_round_off_majority():  # no next round's hash check will repair the last one
             self._save_checkpoint()
+        if self.sw.rounds and self.engine.round >= self.sw.rounds and not self.stop.is_set():
+            self._say_finished()
         if self.do_eval:
             self.val_last = self.engine.evaluate()
         self._linger()
         return self._summary(wall)
+
+    def _say_finished(self) -> None:
+        """A signed record that this peer reached the run's last round, kept in the DHT for days: a peer that
+        comes back after everyone finished learns that the run is over (``_ended_without_us``) instead of waiting
+        for peers for good."""
+        eng = self.engine
+        rec = Finished(run_id=self.cfg.run.run_id, peer=self.identity.peer_id, public_key=self.identity.public_der,
+                       round=eng.round, param_hash=eng.state_hash(), time=self.transport.now())
+        if not self.membership.write("finished", None, rec, ttl=FINISHED_TTL_S):
+            log.warning("could not store this peer's 'finished' record")
+
+    def _ended_without_us(self) -> tuple[int, str] | None:
+        """The run's end as its contributors told it (protocol/sync.py ``run_over``), for a peer that sees no
+        trainer and stops at a round (swarm.rounds); None when the run is not over for it."""
+        if not self.sw.rounds or self.engine is None:
+            return None
+        told = {r.peer: (r.round, r.param_hash) for r in self.membership.read("finished", None, Finished, fresh=True)}
+        return sync_rules.run_over(told, self.engine.contributors, self.identity.peer_id, self.sw.rounds)
 
     def _last_round_off_majority(self) -> bool:
         """The run's last round gets its hash check too: once the others reported it (bounded wait), a peer
@@ -747,6 +769,13 @@ class Peer:
             if not self.waiting:
                 self.waiting = True
                 self._write_health()
+            if time.monotonic() >= next_say and not others and (over := self._ended_without_us()) is not None:
+                self.run_over = over
+                log.warning("run %s is over: most of its contributors this peer knows reached its last round "
+                            "(round %d, weights %s) and none trains now; this peer stops at round %d",
+                            self.cfg.run.run_id, over[0], over[1][:16], self.engine.round)
+                self.stop.set()
+                return
             if time.monotonic() >= next_say:
                 clock = self.skew
                 log.warning("waiting for peers of run %s: %d found via %s (need %d; swarm.min_peers=1 trains "
@@ -892,4 +921,5 @@ class Peer:
             own_update_bytes_up=tr.own_update_bytes_up, dht_reads=tr.dht_reads, dht_reads_shared=tr.reads_shared,
             clock_ahead_s=clock.ahead_s if clock else None,
             clock_error_s=clock.error_s if clock else None,
+            run_over_at=self.run_over[0] if self.run_over else None,
             phase_s_per_round={k: v / n for k, v in sorted(self.phases.totals().items())})

@@ -48,6 +48,9 @@ class PeerSummary:
     # this clock against the peers' (protocol/skew.py), as last measured; None when no peer answered a ping
     clock_ahead_s: float | None = None
     clock_error_s: float | None = None
+    # the round the run ended on, as most of its contributors told this peer when it found nobody training (it
+    # came back after the end, and stopped where it was); None when it ran to its own end or was stopped
+    run_over_at: int | None = None
     # main-thread seconds per round outside the inner steps, by phase (what utilisation loses, and where)
     phase_s_per_round: dict[str, float] = field(default_factory=dict)
 

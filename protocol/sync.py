@@ -9,6 +9,7 @@ same functions on what its peers see.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Callable, Collection, Iterable, Mapping, Protocol, Sequence, TypeVar
 
@@ -108,16 +109,20 @@ def after_hash_check(off: bool, follow: chain.Follow, standing: chain.Standing |
     return "resync" if off else None
 
 
-def run_over(finished: Mapping[str, tuple[int, str]], ledger: Collection[str], me: str,
-             target: int) -> tuple[int, str] | None:
+def run_over(finished: Mapping[str, tuple[int, str, float]], ledger: Collection[str], me: str, target: int, *,
+             since: float = -math.inf, banned: Collection[str] = ()) -> tuple[int, str] | None:
     """Whether the run is over for a peer that sees no trainer: more than half the keys of its ledger other than
-    itself (the contributors its chain knows: work behind each) say they reached the run's last round
-    ``target`` (``finished``: key -> the round it reached, its weight hash). Then the (round, hash) most of them
-    name (a tie to the later round, then the lower hash); else None: a fresh peer (no ledger) believes nobody,
-    and a minority of its contributors cannot end the run for it (one that lies, or a side of a split)."""
-    others = set(ledger) - {me}
-    done = [v for p, v in finished.items() if p in others and v[0] >= target]
+    itself and ``banned`` (the contributors its chain knows: work behind each; not those the reputation table
+    or a proof of equivocation banned, nor revoked ones) say they reached the run's last round ``target``
+    (``finished``: key -> the round it reached, its weight hash, the time it said so), at ``since`` or later
+    (the time of the newest state this peer holds: an earlier record belongs to an earlier run under the same
+    run id and keys). Then the (round, hash) most of them name (a tie to the lower round, then the lower hash:
+    a liar's far round wins no tie); else None. A fresh peer (no ledger) believes nobody, and a minority of its
+    contributors cannot end the run for it (one that lies, or a side of a split); with one other key in its
+    ledger (a run of two), that key is the majority."""
+    others = set(ledger) - {me} - set(banned)
+    done = [(r, h) for p, (r, h, t) in finished.items() if p in others and r >= target and t >= since]
     if not others or 2 * len(done) <= len(others):
         return None
     counts = Counter(done)
-    return min(counts, key=lambda v: (-counts[v], -v[0], v[1]))
+    return min(counts, key=lambda v: (-counts[v], v[0], v[1]))

@@ -94,25 +94,36 @@ def test_a_hash_off_the_majority_resyncs_unless_our_chain_wins() -> None:
 def test_the_run_is_over_only_when_most_of_the_peers_ledger_says_so() -> None:
     """A peer that comes back after its swarm finished sees nobody train: the run is over for it when more than
     half the contributors its ledger knows (itself aside) stored that they reached the run's last round."""
+    A, B, C = "aa" * 8, "bb" * 8, "cc" * 8
     ledger = {"me": 9, "a": 9, "b": 9, "c": 8}
-    done = {"a": (10, "aa" * 8), "b": (10, "aa" * 8)}
-    assert sync.run_over(done, ledger, "me", 10) == (10, "aa" * 8)
-    assert sync.run_over({"a": (10, "aa" * 8)}, ledger, "me", 10) is None  # one of three: a liar, or a split's side
+    done = {"a": (10, A, 500.0), "b": (10, A, 501.0)}
+    assert sync.run_over(done, ledger, "me", 10) == (10, A)
+    assert sync.run_over({"a": (10, A, 500.0)}, ledger, "me", 10) is None  # one of three: a liar, a split's side
     assert sync.run_over(done, ledger, "me", 12) is None  # they stopped before this peer's last round
     assert sync.run_over(done, {}, "me", 10) is None  # a fresh peer knows nobody's work: it believes nobody
-    strangers = {f"s{i}": (10, "bb" * 8) for i in range(50)}  # keys outside the ledger count for nothing
-    assert sync.run_over({**strangers, "a": (10, "aa" * 8)}, ledger, "me", 10) is None
-    assert sync.run_over({"me": (10, "cc" * 8), "a": (10, "aa" * 8)}, {"me": 1, "a": 1}, "me", 10) == (10, "aa" * 8)
-    # most name one end; a tie between ends goes to the later round, then the lower hash (the same on every peer)
-    mixed = {"a": (10, "aa" * 8), "b": (11, "bb" * 8), "c": (11, "bb" * 8)}
-    assert sync.run_over(mixed, ledger, "me", 10) == (11, "bb" * 8)
-    assert sync.run_over({"a": (10, "bb" * 8), "b": (10, "aa" * 8)}, {"a": 1, "b": 1}, "me", 10) == (10, "aa" * 8)
+    strangers = {f"s{i}": (10, B, 500.0) for i in range(50)}  # keys outside the ledger count for nothing
+    assert sync.run_over({**strangers, "a": (10, A, 500.0)}, ledger, "me", 10) is None
+    assert sync.run_over({"me": (10, C, 500.0), "a": (10, A, 500.0)}, {"me": 1, "a": 1}, "me", 10) == (10, A)
+    # records older than this peer's newest state are an earlier run's under the same run id and keys
+    assert sync.run_over(done, ledger, "me", 10, since=500.5) is None
+    assert sync.run_over(done, ledger, "me", 10, since=499.0) == (10, A)
+    # banned or revoked keys have no say, and do not count among those asked either
+    assert sync.run_over(done, ledger, "me", 10, banned={"b"}) is None  # a of {a, c}: no majority
+    assert sync.run_over(done, ledger, "me", 10, banned={"c"}) == (10, A)  # a and b of {a, b}
+    # most name one end; a tie between ends goes to the lower round, then the lower hash (the same on every
+    # peer; a liar's far round wins no tie)
+    mixed = {"a": (10, A, 500.0), "b": (11, B, 500.0), "c": (11, B, 500.0)}
+    assert sync.run_over(mixed, ledger, "me", 10) == (11, B)
+    assert sync.run_over({"a": (2**40, B, 500.0), "b": (10, A, 500.0)}, {"a": 1, "b": 1}, "me", 10) == (10, A)
 
 
-@given(ledger=st.sets(st.sampled_from("abcdefgh"), max_size=8), told=st.dictionaries(
-    st.sampled_from("abcdefghxyz"), st.tuples(st.integers(0, 12), st.sampled_from(["aa" * 8, "bb" * 8]))))
-def test_the_runs_end_needs_a_majority_of_the_ledger_whatever_the_others_say(ledger: set[str], told) -> None:
-    over = sync.run_over(told, dict.fromkeys(ledger, 0), "a", 10)
-    backers = [p for p, v in told.items() if p in ledger and p != "a" and v[0] >= 10]
-    assert (over is not None) == (2 * len(backers) > len(ledger - {"a"}) > 0)
-    assert over is None or over in [told[p] for p in backers]
+@given(ledger=st.sets(st.sampled_from("abcdefgh"), max_size=8), banned=st.sets(st.sampled_from("abcxy")),
+       told=st.dictionaries(st.sampled_from("abcdefghxyz"), st.tuples(
+           st.integers(0, 12), st.sampled_from(["aa" * 8, "bb" * 8]), st.floats(0.0, 1000.0))))
+def test_the_runs_end_needs_a_majority_of_the_ledger_whatever_the_others_say(ledger: set[str], banned: set[str],
+                                                                          told) -> None:
+    over = sync.run_over(told, dict.fromkeys(ledger, 0), "a", 10, since=500.0, banned=banned)
+    asked = ledger - {"a"} - banned
+    backers = [p for p, (r, h, t) in told.items() if p in asked and r >= 10 and t >= 500.0]
+    assert (over is not None) == (2 * len(backers) > len(asked) > 0)
+    assert over is None or over in [told[p][:2] for p in backers]

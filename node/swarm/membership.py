@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import TypeVar
 
 from gradnode.node import __version__
@@ -185,11 +185,15 @@ class Membership:
             key = self.public_key(author)
         return rec.run_id == self.run_id and key is not None and verify(key, rec.signing_bytes(), rec.signature)
 
-    def read(self, what: str, round_: int | None, cls: type[R], fresh: bool = False) -> list[R]:
+    def read(self, what: str, round_: int | None, cls: type[R], fresh: bool = False,
+             authors: Collection[str] | None = None) -> list[R]:
         """Verified records of one kind under one DHT key; malformed or forged ones are counted and dropped.
-        ``fresh``: from a DHT read begun now, not one another thread began just before (Transport.get)."""
+        ``fresh``: from a DHT read begun now, not one another thread began just before (Transport.get);
+        ``authors``: only the records these keys stored (the others are skipped unread)."""
         out = []
         for owner, raw in self.transport.get(dht_key(self.run_id, what, round_), fresh=fresh):
+            if authors is not None and owner not in authors:
+                continue
             try:
                 rec = cls.from_bytes(raw)
             except RecordError as err:

@@ -127,6 +127,7 @@ class Peer:
         self.sinks: RoundSinks | None = None
         self.waiting = False  # for peers: before the first round, or alone mid-run
         self.run_over: tuple[int, str] | None = None  # (round, hash) the run ended on, told by its contributors
+        self._state_since = time.time()  # when the newest state this peer holds was made (run_over's ``since``)
         self.skew: skew.Estimate | None = None  # this clock against the peers', as last measured
         self._clock_checked = -math.inf
         self._clock_thread: threading.Thread | None = None
@@ -333,12 +334,15 @@ class Peer:
         adversary.lazy(self.sw, self.engine)
         if resume:
             self.tally.resumed_round = self.saved_round = self.engine.round
+            self._state_since = checkpoint.list_checkpoints(ckpt)[-1].stat().st_mtime
         elif cfg.run.genesis is not None:
             self._check_genesis_weights()
         self.rules = UpdateRules.of(cfg, {n: tuple(t.shape) for n, t in self.engine.global_params.items()})
         self.sync = Sync(engine=self.engine, history=self.history, members=self.membership, transport=self.transport,
                          cfg=self.sw, rules=self.rules, tally=self.tally, stop=self.stop)
         self._wait_for_peers()
+        if self.stop.is_set():  # stopping, or the run is over (_ended_without_us)
+            return
         self._sync_state(reason="join")
         self.tally.joined_round = self.engine.round
         self._publish_member(training=True)
@@ -460,8 +464,11 @@ class Peer:
         record counts."""
         if self.engine is None:
             return frozenset()
-        banned = [*self.engine.reputation.banned(), *(self.equivocators.peers() if self.equivocators else ())]
-        return votes.voters(self.engine.contributors, self.workers, self.engine.round - 1, banned)
+        return votes.voters(self.engine.contributors, self.workers, self.engine.round - 1, self._banned())
+
+    def _banned(self) -> list[str]:
+        """Keys the reputation table banned, and those caught equivocating."""
+        return [*self.engine.reputation.banned(), *(self.equivocators.peers() if self.equivocators else ())]
 
     def _note_workers(self, ex: RoundExchange, decided: Collection[str] = ()) -> None:
         """The senders of round ``ex``'s verified updates outside the ``decided`` set and the ledger (which give
@@ -661,30 +668,37 @@ class Peer:
             self._save_checkpoint()
         if self._last_round_off_majority():  # no next round's hash check will repair the last one
             self._save_checkpoint()
-        if self.sw.rounds and self.engine.round >= self.sw.rounds and not self.stop.is_set():
-            self._say_finished()
+        reached = bool(self.sw.rounds) and self.engine.round >= self.sw.rounds
+        said = self._say_finished() if reached else None
         if self.do_eval:
             self.val_last = self.engine.evaluate()
         self._linger()
+        if said is not None and said != self.engine.state_hash():  # lingering, it adopted another chain's state
+            self._say_finished()
         return self._summary(wall)
 
-    def _say_finished(self) -> None:
+    def _say_finished(self) -> str:
         """A signed record that this peer reached the run's last round, kept in the DHT for days: a peer that
         comes back after everyone finished learns that the run is over (``_ended_without_us``) instead of waiting
-        for peers for good."""
+        for peers for good. Returns the weight hash it names."""
         eng = self.engine
         rec = Finished(run_id=self.cfg.run.run_id, peer=self.identity.peer_id, public_key=self.identity.public_der,
                        round=eng.round, param_hash=eng.state_hash(), time=self.transport.now())
         if not self.membership.write("finished", None, rec, ttl=FINISHED_TTL_S):
             log.warning("could not store this peer's 'finished' record")
+        return rec.param_hash
 
     def _ended_without_us(self) -> tuple[int, str] | None:
         """The run's end as its contributors told it (protocol/sync.py ``run_over``), for a peer that sees no
-        trainer and stops at a round (swarm.rounds); None when the run is not over for it."""
-        if not self.sw.rounds or self.engine is None:
+        trainer and stops at a round (swarm.rounds); None when the run is not over for it. Only the records of
+        ledger keys are read (a flood of other keys' costs no signature check)."""
+        if not self.sw.rounds or self.engine is None or not self.engine.contributors:
             return None
-        told = {r.peer: (r.round, r.param_hash) for r in self.membership.read("finished", None, Finished, fresh=True)}
-        return sync_rules.run_over(told, self.engine.contributors, self.identity.peer_id, self.sw.rounds)
+        ledger = set(self.engine.contributors)
+        told = {r.peer: (r.round, r.param_hash, r.time)
+                for r in self.membership.read("finished", None, Finished, fresh=True, authors=ledger)}
+        return sync_rules.run_over(told, ledger, self.identity.peer_id, self.sw.rounds, since=self._state_since,
+                                   banned={*self._banned(), *self.membership.gate.revoked})
 
     def _last_round_off_majority(self) -> bool:
         """The run's last round gets its hash check too: once the others reported it (bounded wait), a peer
@@ -749,7 +763,7 @@ class Peer:
         left behind catches up instead of waiting. min_peers=1 trains alone."""
         if self.sw.min_peers <= 1:
             return
-        me, next_say, waited = self.identity.peer_id, 0.0, time.monotonic()
+        me, next_say, waited, looks = self.identity.peer_id, 0.0, time.monotonic(), 0
         running = self.engine is not None and self.engine.round > 0
         while not self.stop.is_set():
             members = self.membership.fresh(max_age=0 if self.waiting else 0.5)
@@ -769,12 +783,16 @@ class Peer:
             if not self.waiting:
                 self.waiting = True
                 self._write_health()
-            if time.monotonic() >= next_say and not others and (over := self._ended_without_us()) is not None:
+            over = self._ended_without_us() if time.monotonic() >= next_say and not others else None
+            looks = looks + 1 if over is not None else 0
+            if looks >= 2:  # two looks 10 s apart: not one read that came back empty
                 self.run_over = over
                 log.warning("run %s is over: most of its contributors this peer knows reached its last round "
                             "(round %d, weights %s) and none trains now; this peer stops at round %d",
                             self.cfg.run.run_id, over[0], over[1][:16], self.engine.round)
                 self.stop.set()
+                self.leaving.set()
+                self._publish_member(training=False)  # nobody else back takes this one for a trainer
                 return
             if time.monotonic() >= next_say:
                 clock = self.skew

@@ -763,7 +763,8 @@ class Peer:
         left behind catches up instead of waiting. min_peers=1 trains alone."""
         if self.sw.min_peers <= 1:
             return
-        me, next_say, waited, looks = self.identity.peer_id, 0.0, time.monotonic(), 0
+        me, next_say, waited = self.identity.peer_id, 0.0, time.monotonic()
+        looks, over = 0, None  # looks in a row that found the run over (_ended_without_us)
         running = self.engine is not None and self.engine.round > 0
         while not self.stop.is_set():
             members = self.membership.fresh(max_age=0 if self.waiting else 0.5)
@@ -783,9 +784,12 @@ class Peer:
             if not self.waiting:
                 self.waiting = True
                 self._write_health()
-            over = self._ended_without_us() if time.monotonic() >= next_say and not others else None
-            looks = looks + 1 if over is not None else 0
-            if looks >= 2:  # two looks 10 s apart: not one read that came back empty
+            if others:  # somebody trains: the run is not over
+                looks = 0
+            elif time.monotonic() >= next_say:  # a look every 10 s; two in a row say the run is over (not one read
+                over = self._ended_without_us()  # of the members that came back empty)
+                looks = looks + 1 if over is not None else 0
+            if looks >= 2 and over is not None:
                 self.run_over = over
                 log.warning("run %s is over: most of its contributors this peer knows reached its last round "
                             "(round %d, weights %s) and none trains now; this peer stops at round %d",

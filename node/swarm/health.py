@@ -70,8 +70,8 @@ def chain_view(members: dict[str, MemberRecord], me: str, my_tail: list[Link],
 def clock_words(clock: skew.Estimate) -> str:
     """This clock against the peers', and what to do when it is off."""
     side = "ahead of" if clock.ahead_s > 0 else "behind"
-    words = (f"this machine's clock is {abs(clock.ahead_s):.1f} s (+-{clock.error_s:.1f}) {side} the swarm's (the "
-             f"median of {clock.peers} peer{'s' if clock.peers > 1 else ''} pinged)")
+    words = (f"this machine's clock is {abs(clock.ahead_s):.1f} s (+-{clock.error_s:.1f}) {side} the swarm's (by "
+             f"{clock.peers} peer{'s' if clock.peers > 1 else ''} pinged)")
     return f"{words}: sync it (NTP, e.g. `timedatectl set-ntp true`)" if clock.off() else words
 
 

@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 
@@ -83,6 +84,10 @@ def test_newest_corrupt_falls_back_to_older_valid(tmp_path):
     resumed = Engine.resume(tiny_config(), tmp_path)
     assert resumed.round == 1 and resumed.param_hash() == older_hash
     assert (newest / "state.pt").read_bytes() == damaged
+    # the resumed state is as old as the checkpoint it came from, not the newest one (a peer's run_over ``since``)
+    os.utime(newest / "meta.json", (2e9, 2e9))
+    os.utime(tmp_path / "round-00000001" / "meta.json", (1e9, 1e9))
+    assert checkpoint.made_at(tmp_path, resumed.round) == 1e9 and checkpoint.made_at(tmp_path, 7) is None
 
 
 def test_truncated_or_foreign_checkpoints(tmp_path):

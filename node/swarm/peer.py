@@ -334,7 +334,7 @@ class Peer:
         adversary.lazy(self.sw, self.engine)
         if resume:
             self.tally.resumed_round = self.saved_round = self.engine.round
-            self._state_since = checkpoint.list_checkpoints(ckpt)[-1].stat().st_mtime
+            self._state_since = checkpoint.made_at(ckpt, self.engine.round) or self._state_since
         elif cfg.run.genesis is not None:
             self._check_genesis_weights()
         self.rules = UpdateRules.of(cfg, {n: tuple(t.shape) for n, t in self.engine.global_params.items()})

@@ -98,6 +98,16 @@ def list_checkpoints(directory: Path | str) -> list[Path]:
     return sorted(found, key=lambda p: p.name, reverse=True)
 
 
+def made_at(directory: Path | str, round_: int) -> float | None:
+    """When the checkpoint of ``round_`` in ``directory`` was written (its meta.json's mtime); None when there is
+    none. The state a resumed engine holds is as old as the checkpoint it loaded, which is not the newest one when a
+    newer one failed to verify."""
+    try:
+        return (Path(directory) / f"round-{round_:08d}" / "meta.json").stat().st_mtime
+    except OSError:
+        return None
+
+
 def load(path: Path | str, run_id: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Load and verify one checkpoint folder; returns ``(state, meta)``."""
     path = Path(path)

@@ -51,7 +51,7 @@ PROCESS_FILES = ("test_partition.py", "test_swarm_faults.py", "test_transport.py
 # worker) and 256 s, the suite 755 s.
 BESIDE = ("test_swarm_faults.py", "test_transport.py", "test_agreement.py", "test_cli.py", "test_eval.py",
           "test_partition.py::test_a_peer_alone_waits_for_its_run_and_says_so",
-          "test_partition.py::test_a_peer_back_after_its_run_ended_is_told_so_and_stops")
+          "test_partition.py::test_peers_back_after_their_run_ended_are_told_so_and_stop")
 SPREAD = ("test_virtual.py",)
 
 

@@ -91,42 +91,50 @@ def test_a_peer_alone_waits_for_its_run_and_says_so(tmp_path: Path) -> None:
     assert "peers of run gradnode-tiny in sight: 2" in log_path.read_text()
 
 
-def test_a_peer_back_after_its_run_ended_is_told_so_and_stops(tmp_path: Path) -> None:
-    """Three peers train towards round 6; peer 2 is killed once it applied a round with another peer's update
-    and checkpointed it (its ledger then names a contributor besides itself), and the other two finish the run
-    without it, each storing a signed 'finished' record that outlives it. Restarted after they left, peer 2
-    finds nobody training: most contributors its ledger knows say the run is over, so it stops where it is and
-    says so (before, it waited for peers for good: only the bootstrap was left)."""
+def test_peers_back_after_their_run_ended_are_told_so_and_stop(tmp_path: Path) -> None:
+    """Four peers train towards round 6; peers 2 and 3 are each killed once they applied a round with another
+    peer's update and checkpointed it (their ledgers then name a contributor besides themselves), and the other
+    two finish the run without them, each storing a signed 'finished' record that outlives it. Restarted together
+    after the others left, peers 2 and 3 see each other train, but most contributors their ledgers know say the
+    run is over, so both stop where they are and say so (before, a peer back alone waited for peers for good,
+    only the bootstrap left, and two back together trained on to the end on a chain of their own)."""
     import json
     import signal
 
-    s = sim.SimSettings(peers=3, rounds=6, config=None, out_dir=tmp_path, timeout_s=400, eval_peers=0,
+    s = sim.SimSettings(peers=4, rounds=6, config=None, out_dir=tmp_path, timeout_s=400, eval_peers=0,
                         overrides=[*TINY_SWARM, *PACED, "checkpoint.every_rounds=1"])
+    back = ("peer-2", "peer-3")
     with sim.Swarm(s) as swarm:
         initial = swarm.start_bootstrap()
-        for i in range(3):
+        for i in range(4):
             swarm.start_peer(i, initial, min_peers=2)
-        me, rows, end = tmp_path / "peer-2", [], time.monotonic() + 300
+        end = time.monotonic() + 300
 
-        def ledger_ready() -> bool:  # a checkpoint of a round whose set held another peer's update
-            rows[:] = sim.read_metrics(me / "metrics.jsonl")
+        def ledger_ready(name: str) -> bool:  # a checkpoint of a round whose set held another peer's update
+            rows = sim.read_metrics(tmp_path / name / "metrics.jsonl")
             mixed = [r["round"] for r in rows if len(r.get("senders", [])) > 1]
-            saved = [int(p.name.split("-")[1]) for p in (me / "checkpoints").glob("round-*")]
+            saved = [int(p.name.split("-")[1]) for p in (tmp_path / name / "checkpoints").glob("round-*")]
             return bool(mixed) and any(c > min(mixed) for c in saved)
 
-        while swarm.running("peer-2") and not ledger_ready() and time.monotonic() < end:
+        alive = set(back)
+        while alive and time.monotonic() < end:
+            for name in [n for n in sorted(alive) if swarm.running(n) and ledger_ready(n)]:
+                swarm.kill(name, signal.SIGKILL)
+                alive.discard(name)
+            if any(not swarm.running(n) for n in alive):
+                break
             time.sleep(0.3)
-        assert swarm.running("peer-2") and ledger_ready(), rows  # paced rounds: it is killed well before the end
-        swarm.kill("peer-2", signal.SIGKILL)
+        assert not alive, f"{sorted(alive)} ended or had no ledger before the run's end"  # paced: killed well before
         while (swarm.running("peer-0") or swarm.running("peer-1")) and time.monotonic() < end:
             time.sleep(0.5)
         assert not swarm.running("peer-0") and not swarm.running("peer-1")
-        swarm.restart("peer-2", round_=6)
-        while swarm.running("peer-2") and time.monotonic() < end + 120:
+        for name in back:
+            swarm.restart(name, round_=6)
+        while any(swarm.running(n) for n in back) and time.monotonic() < end + 120:
             time.sleep(0.5)
-        assert not swarm.running("peer-2"), "the peer back after the run's end waited instead of stopping"
-    ended = [json.loads((tmp_path / f"peer-{i}" / "summary.json").read_text()) for i in range(3)]
+        assert not any(swarm.running(n) for n in back), "a peer back after the run's end went on instead of stopping"
+    ended = [json.loads((tmp_path / f"peer-{i}" / "summary.json").read_text()) for i in range(4)]
     assert ended[0]["rounds"] == ended[1]["rounds"] == 6 and ended[0]["param_hash"] == ended[1]["param_hash"]
-    back = ended[2]
-    assert back["run_over_at"] == 6 and back["rounds"] < 6, back
-    assert "run gradnode-tiny is over" in (tmp_path / "peer-2.log").read_text()
+    for summary, name in zip(ended[2:], back):
+        assert summary["run_over_at"] == 6 and summary["rounds"] < 6, summary
+        assert "run gradnode-tiny is over" in (tmp_path / f"{name}.log").read_text()

@@ -763,7 +763,7 @@ class Peer:
         left behind catches up instead of waiting. min_peers=1 trains alone."""
         if self.sw.min_peers <= 1:
             return
-        me, next_say, waited = self.identity.peer_id, 0.0, time.monotonic()
+        me, next_say, next_look, waited = self.identity.peer_id, 0.0, 0.0, time.monotonic()
         looks, over = 0, None  # looks in a row that found the run over (_ended_without_us)
         running = self.engine is not None and self.engine.round > 0
         while not self.stop.is_set():
@@ -775,7 +775,27 @@ class Peer:
             # to "catch up" (the intruder test failed so, in CI too)
             others = [m for p, m in members.items() if m.training and p != me
                       and (not running or m.round >= self.engine.round - 3)]
-            if len(others) + 1 >= self.sw.min_peers or any(m.round > 0 for m in others):
+            enough = len(others) + 1 >= self.sw.min_peers or any(m.round > 0 for m in others)
+            if others and not enough:  # somebody trains and waits with us: the run is not over
+                looks = 0
+            elif time.monotonic() >= next_look:  # a look every 10 s; two in a row say the run is over (not one read
+                over = self._ended_without_us()  # of the members that came back empty). Trainers in sight do not
+                looks = looks + 1 if over is not None else 0  # end it: two peers back after the run's end see
+                next_look = time.monotonic() + 10.0  # each other train, and trained to the end on their own
+            if looks >= 2 and over is not None:
+                self.run_over = over
+                log.warning("run %s is over: most of its contributors this peer knows reached its last round "
+                            "(round %d, weights %s), %d trainer%s in sight; this peer stops at round %d",
+                            self.cfg.run.run_id, over[0], over[1][:16], len(others), "" if len(others) == 1 else "s",
+                            self.engine.round)
+                self.stop.set()
+                self.leaving.set()
+                self._publish_member(training=False)  # nobody else back takes this one for a trainer
+                return
+            if enough:
+                if looks:  # the first look found the run over: a second one before training
+                    self.stop.wait(1.0)
+                    continue
                 if self.waiting:
                     log.info("peers of run %s in sight: %d, after %.0f s; training", self.cfg.run.run_id,
                              len(others) + 1, time.monotonic() - waited)
@@ -784,20 +804,6 @@ class Peer:
             if not self.waiting:
                 self.waiting = True
                 self._write_health()
-            if others:  # somebody trains: the run is not over
-                looks = 0
-            elif time.monotonic() >= next_say:  # a look every 10 s; two in a row say the run is over (not one read
-                over = self._ended_without_us()  # of the members that came back empty)
-                looks = looks + 1 if over is not None else 0
-            if looks >= 2 and over is not None:
-                self.run_over = over
-                log.warning("run %s is over: most of its contributors this peer knows reached its last round "
-                            "(round %d, weights %s) and none trains now; this peer stops at round %d",
-                            self.cfg.run.run_id, over[0], over[1][:16], self.engine.round)
-                self.stop.set()
-                self.leaving.set()
-                self._publish_member(training=False)  # nobody else back takes this one for a trainer
-                return
             if time.monotonic() >= next_say:
                 clock = self.skew
                 log.warning("waiting for peers of run %s: %d found via %s (need %d; swarm.min_peers=1 trains "

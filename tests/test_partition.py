@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -92,8 +93,8 @@ def test_a_peer_alone_waits_for_its_run_and_says_so(tmp_path: Path) -> None:
 
 
 def test_peers_back_after_their_run_ended_are_told_so_and_stop(tmp_path: Path) -> None:
-    """Four peers train towards round 6; peers 2 and 3 are each killed once they applied a round with another
-    peer's update and checkpointed it (their ledgers then name a contributor besides themselves), and the other
+    """Four peers train towards round 8; peers 2 and 3 are each killed once they checkpointed a state whose ledger
+    names peers 0 and 1 (more than half its keys besides its own, whatever else it names), and the other
     two finish the run without them, each storing a signed 'finished' record that outlives it. Restarted together
     after the others left, peers 2 and 3 see each other train, but most contributors their ledgers know say the
     run is over, so both stop where they are and say so (before, a peer back alone waited for peers for good,
@@ -101,7 +102,7 @@ def test_peers_back_after_their_run_ended_are_told_so_and_stop(tmp_path: Path) -
     import json
     import signal
 
-    s = sim.SimSettings(peers=4, rounds=6, config=None, out_dir=tmp_path, timeout_s=400, eval_peers=0,
+    s = sim.SimSettings(peers=4, rounds=8, config=None, out_dir=tmp_path, timeout_s=400, eval_peers=0,
                         overrides=[*TINY_SWARM, *PACED, "checkpoint.every_rounds=1"])
     back = ("peer-2", "peer-3")
     with sim.Swarm(s) as swarm:
@@ -110,11 +111,18 @@ def test_peers_back_after_their_run_ended_are_told_so_and_stop(tmp_path: Path) -
             swarm.start_peer(i, initial, min_peers=2)
         end = time.monotonic() + 300
 
-        def ledger_ready(name: str) -> bool:  # a checkpoint of a round whose set held another peer's update
+        def peer_id(name: str) -> str | None:
+            found = re.search(r"^peer id: (\w+)$", (tmp_path / f"{name}.log").read_text(), re.M)
+            return found.group(1) if found else None
+
+        def ledger_ready(name: str) -> bool:
+            """A checkpoint whose ledger names peers 0 and 1, who finish the run: then they are more than half of
+            its keys besides its own (a ledger of peers 0 and 3 only, say, is not over when peer 3 is not)."""
             rows = sim.read_metrics(tmp_path / name / "metrics.jsonl")
-            mixed = [r["round"] for r in rows if len(r.get("senders", [])) > 1]
             saved = [int(p.name.split("-")[1]) for p in (tmp_path / name / "checkpoints").glob("round-*")]
-            return bool(mixed) and any(c > min(mixed) for c in saved)
+            named = {s for r in rows if r["round"] < max(saved, default=0)  # counted: applied, not screened out
+                     for s in r.get("senders", []) if s not in r.get("screened", {})}
+            return {peer_id("peer-0"), peer_id("peer-1")} <= named
 
         alive = set(back)
         while alive and time.monotonic() < end:
@@ -129,12 +137,12 @@ def test_peers_back_after_their_run_ended_are_told_so_and_stop(tmp_path: Path) -
             time.sleep(0.5)
         assert not swarm.running("peer-0") and not swarm.running("peer-1")
         for name in back:
-            swarm.restart(name, round_=6)
+            swarm.restart(name, round_=8)
         while any(swarm.running(n) for n in back) and time.monotonic() < end + 120:
             time.sleep(0.5)
         assert not any(swarm.running(n) for n in back), "a peer back after the run's end went on instead of stopping"
     ended = [json.loads((tmp_path / f"peer-{i}" / "summary.json").read_text()) for i in range(4)]
-    assert ended[0]["rounds"] == ended[1]["rounds"] == 6 and ended[0]["param_hash"] == ended[1]["param_hash"]
+    assert ended[0]["rounds"] == ended[1]["rounds"] == 8 and ended[0]["param_hash"] == ended[1]["param_hash"]
     for summary, name in zip(ended[2:], back):
-        assert summary["run_over_at"] == 6 and summary["rounds"] < 6, summary
+        assert summary["run_over_at"] == 8 and summary["rounds"] < 8, summary
         assert "run gradnode-tiny is over" in (tmp_path / f"{name}.log").read_text()

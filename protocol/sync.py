@@ -15,6 +15,8 @@ from typing import Callable, Collection, Iterable, Mapping, Protocol, Sequence, 
 
 from gradnode.protocol import chain
 
+FUTURE_S = 60.0  # a 'finished' record dated further ahead of the reader's clock counts for nothing (run_over; clocks
+# of one DHT agree within 3 s: protocol/skew.py)
 RECORD_LAG = 10  # rounds a member record may lag its peer (after the round's chores; more on a loaded machine)
 
 
@@ -109,19 +111,32 @@ def after_hash_check(off: bool, follow: chain.Follow, standing: chain.Standing |
     return "resync" if off else None
 
 
+def asks_if_over(trainers: Collection[int], enough: bool, resumed: bool, target: int) -> bool:
+    """Whether a waiting peer asks if the run is over (``run_over``), given the rounds of the trainers it sees:
+    when it sees none (the others may have finished), or when it just resumed its checkpoint and sees enough
+    trainers to go on with, all short of the last round ``target`` (others back after the run's end, like
+    itself: two such peers saw each other train and trained on to the end on a chain of their own). Not a peer
+    between rounds (a DHT read a round, and a majority of its ledger's keys could stop it while it trains with
+    others), nor one that sees a finisher (it goes on with them, taking the newest state offered, not stopping
+    short), nor in a run with no last round (``target`` 0)."""
+    return not trainers or (enough and resumed and target > 0 and all(r < target for r in trainers))
+
+
 def run_over(finished: Mapping[str, tuple[int, str, float]], ledger: Collection[str], me: str, target: int, *,
-             since: float = -math.inf, banned: Collection[str] = ()) -> tuple[int, str] | None:
-    """Whether the run is over for a peer that sees no trainer: more than half the keys of its ledger other than
-    itself and ``banned`` (the contributors its chain knows: work behind each; not those the reputation table
-    or a proof of equivocation banned, nor revoked ones) say they reached the run's last round ``target``
-    (``finished``: key -> the round it reached, its weight hash, the time it said so), at ``since`` or later
-    (the time of the newest state this peer holds: an earlier record belongs to an earlier run under the same
-    run id and keys). Then the (round, hash) most of them name (a tie to the lower round, then the lower hash:
-    a liar's far round wins no tie); else None. A fresh peer (no ledger) believes nobody, and a minority of its
+             since: float = -math.inf, now: float = math.inf, banned: Collection[str] = ()) -> tuple[int, str] | None:
+    """Whether the run is over for a waiting peer: more than half the keys of its ledger other than itself and
+    ``banned`` (the contributors its chain knows: work behind each; not those the reputation table or a proof of
+    equivocation banned, nor revoked ones) say they reached the run's last round ``target`` (``finished``: key ->
+    the round it reached, its weight hash, the time it said so), at ``since`` or later (the time of the state
+    this peer holds: an earlier record belongs to an earlier run under the same run id and keys) and no later
+    than ``now`` + ``FUTURE_S`` (a record dated ahead would pass ``since`` in every later run). Then the (round,
+    hash) most of them name (a tie to the lower round, then the lower hash: a liar's far round wins no tie); else
+    None. A fresh peer (no ledger) believes nobody, and a minority of its
     contributors cannot end the run for it (one that lies, or a side of a split); with one other key in its
     ledger (a run of two), that key is the majority."""
     others = set(ledger) - {me} - set(banned)
-    done = [(r, h) for p, (r, h, t) in finished.items() if p in others and r >= target and t >= since]
+    done = [(r, h) for p, (r, h, t) in finished.items()
+            if p in others and r >= target and since <= t <= now + FUTURE_S]
     if not others or 2 * len(done) <= len(others):
         return None
     counts = Counter(done)

@@ -107,6 +107,9 @@ def test_the_run_is_over_only_when_most_of_the_peers_ledger_says_so() -> None:
     # records older than this peer's newest state are an earlier run's under the same run id and keys
     assert sync.run_over(done, ledger, "me", 10, since=500.5) is None
     assert sync.run_over(done, ledger, "me", 10, since=499.0) == (10, A)
+    # a record dated past the reader's clock (more than clocks disagree) would pass every later run's ``since``
+    assert sync.run_over(done, ledger, "me", 10, now=501.0 - sync.FUTURE_S) == (10, A)
+    assert sync.run_over(done, ledger, "me", 10, now=500.5 - sync.FUTURE_S) is None  # b's, 0.5 s past the bound
     # banned or revoked keys have no say, and do not count among those asked either
     assert sync.run_over(done, ledger, "me", 10, banned={"b"}) is None  # a of {a, c}: no majority
     assert sync.run_over(done, ledger, "me", 10, banned={"c"}) == (10, A)  # a and b of {a, b}
@@ -117,13 +120,26 @@ def test_the_run_is_over_only_when_most_of_the_peers_ledger_says_so() -> None:
     assert sync.run_over({"a": (2**40, B, 500.0), "b": (10, A, 500.0)}, {"a": 1, "b": 1}, "me", 10) == (10, A)
 
 
+def test_who_asks_whether_the_run_is_over() -> None:
+    """A peer that sees nobody asks; a resumed one asks before it trains with trainers short of the last round
+    (others back after the run's end), never between rounds, never with a finisher in sight, never in a run
+    without a last round."""
+    assert sync.asks_if_over([], enough=False, resumed=False, target=10)
+    assert sync.asks_if_over([3, 4], enough=True, resumed=True, target=10)  # two back after the end
+    assert not sync.asks_if_over([3, 4], enough=True, resumed=False, target=10)  # between rounds: no DHT read
+    assert not sync.asks_if_over([3, 10], enough=True, resumed=True, target=10)  # a finisher lingers: catch up
+    assert not sync.asks_if_over([3], enough=False, resumed=True, target=10)  # too few: it waits with them
+    assert not sync.asks_if_over([3, 4], enough=True, resumed=True, target=0)  # a run with no last round
+
+
 @given(ledger=st.sets(st.sampled_from("abcdefgh"), max_size=8), banned=st.sets(st.sampled_from("abcxy")),
        told=st.dictionaries(st.sampled_from("abcdefghxyz"), st.tuples(
            st.integers(0, 12), st.sampled_from(["aa" * 8, "bb" * 8]), st.floats(0.0, 1000.0))))
 def test_the_runs_end_needs_a_majority_of_the_ledger_whatever_the_others_say(ledger: set[str], banned: set[str],
                                                                           told) -> None:
-    over = sync.run_over(told, dict.fromkeys(ledger, 0), "a", 10, since=500.0, banned=banned)
+    over = sync.run_over(told, dict.fromkeys(ledger, 0), "a", 10, since=500.0, now=800.0 - sync.FUTURE_S,
+                         banned=banned)
     asked = ledger - {"a"} - banned
-    backers = [p for p, (r, h, t) in told.items() if p in asked and r >= 10 and t >= 500.0]
+    backers = [p for p, (r, h, t) in told.items() if p in asked and r >= 10 and 500.0 <= t <= 800.0]
     assert (over is not None) == (2 * len(backers) > len(asked) > 0)
     assert over is None or over in [told[p][:2] for p in backers]

@@ -127,7 +127,7 @@ class Peer:
         self.sinks: RoundSinks | None = None
         self.waiting = False  # for peers: before the first round, or alone mid-run
         self.run_over: tuple[int, str] | None = None  # (round, hash) the run ended on, told by its contributors
-        self._state_since = time.time()  # when the newest state this peer holds was made (run_over's ``since``)
+        self._state_since = time.time()  # when the state this peer holds was made (run_over's ``since``)
         self.skew: skew.Estimate | None = None  # this clock against the peers', as last measured
         self._clock_checked = -math.inf
         self._clock_thread: threading.Thread | None = None
@@ -340,7 +340,7 @@ class Peer:
         self.rules = UpdateRules.of(cfg, {n: tuple(t.shape) for n, t in self.engine.global_params.items()})
         self.sync = Sync(engine=self.engine, history=self.history, members=self.membership, transport=self.transport,
                          cfg=self.sw, rules=self.rules, tally=self.tally, stop=self.stop)
-        self._wait_for_peers()
+        self._wait_for_peers(resumed=resume)
         if self.stop.is_set():  # stopping, or the run is over (_ended_without_us)
             return
         self._sync_state(reason="join")
@@ -689,16 +689,16 @@ class Peer:
         return rec.param_hash
 
     def _ended_without_us(self) -> tuple[int, str] | None:
-        """The run's end as its contributors told it (protocol/sync.py ``run_over``), for a peer that sees no
-        trainer and stops at a round (swarm.rounds); None when the run is not over for it. Only the records of
-        ledger keys are read (a flood of other keys' costs no signature check)."""
+        """The run's end as its contributors told it (protocol/sync.py ``run_over``), for a waiting peer of a run
+        that stops at a round (swarm.rounds; who asks: ``_wait_for_peers``); None when the run is not over for it.
+        Only the records of ledger keys are read (a flood of other keys' costs no signature check)."""
         if not self.sw.rounds or self.engine is None or not self.engine.contributors:
             return None
         ledger = set(self.engine.contributors)
         told = {r.peer: (r.round, r.param_hash, r.time)
                 for r in self.membership.read("finished", None, Finished, fresh=True, authors=ledger)}
         return sync_rules.run_over(told, ledger, self.identity.peer_id, self.sw.rounds, since=self._state_since,
-                                   banned={*self._banned(), *self.membership.gate.revoked})
+                                   now=self.transport.now(), banned={*self._banned(), *self.membership.gate.revoked})
 
     def _last_round_off_majority(self) -> bool:
         """The run's last round gets its hash check too: once the others reported it (bounded wait), a peer
@@ -755,12 +755,14 @@ class Peer:
         log.info("pushed update held round=%d sender=%s", round_, parts[3][:12])
         return True
 
-    def _wait_for_peers(self) -> None:
+    def _wait_for_peers(self, resumed: bool = False) -> None:
         """Wait, saying so, until swarm.min_peers training peers (this one included) are in sight, or one
         of an already running swarm; no timeout: a peer never trains alone by accident. Before the first
         round, and whenever this peer finds itself the only trainer keeping up with the run (a split network,
         everyone else gone); while it waits mid-run it takes any newer state the swarm offers, so a peer
-        left behind catches up instead of waiting. min_peers=1 trains alone."""
+        left behind catches up instead of waiting. min_peers=1 trains alone. A peer that sees nobody, or that
+        just ``resumed`` its checkpoint and sees only trainers short of the run's last round (others back after
+        the run's end, like itself), first asks whether the run is over (``_ended_without_us``)."""
         if self.sw.min_peers <= 1:
             return
         me, next_say, next_look, waited = self.identity.peer_id, 0.0, 0.0, time.monotonic()
@@ -776,12 +778,12 @@ class Peer:
             others = [m for p, m in members.items() if m.training and p != me
                       and (not running or m.round >= self.engine.round - 3)]
             enough = len(others) + 1 >= self.sw.min_peers or any(m.round > 0 for m in others)
-            if others and not enough:  # somebody trains and waits with us: the run is not over
+            if not sync_rules.asks_if_over([m.round for m in others], enough, resumed, self.sw.rounds):
                 looks = 0
-            elif time.monotonic() >= next_look:  # a look every 10 s; two in a row say the run is over (not one read
-                over = self._ended_without_us()  # of the members that came back empty). Trainers in sight do not
-                looks = looks + 1 if over is not None else 0  # end it: two peers back after the run's end see
-                next_look = time.monotonic() + 10.0  # each other train, and trained to the end on their own
+            elif time.monotonic() >= next_look:  # a look every 10 s; two in a row say the run is over (not one
+                over = self._ended_without_us()  # read of the members that came back empty)
+                looks = looks + 1 if over is not None else 0
+                next_look = time.monotonic() + 10.0
             if looks >= 2 and over is not None:
                 self.run_over = over
                 log.warning("run %s is over: most of its contributors this peer knows reached its last round "
@@ -792,10 +794,7 @@ class Peer:
                 self.leaving.set()
                 self._publish_member(training=False)  # nobody else back takes this one for a trainer
                 return
-            if enough:
-                if looks:  # the first look found the run over: a second one before training
-                    self.stop.wait(1.0)
-                    continue
+            if enough and not looks:
                 if self.waiting:
                     log.info("peers of run %s in sight: %d, after %.0f s; training", self.cfg.run.run_id,
                              len(others) + 1, time.monotonic() - waited)
@@ -804,6 +803,14 @@ class Peer:
             if not self.waiting:
                 self.waiting = True
                 self._write_health()
+            if enough:  # the first look found the run over: a second one before training with them
+                if looks == 1 and time.monotonic() >= next_say:
+                    log.info("run %s looks over (most of this peer's contributors reached round %d); looking "
+                             "again in 10 s before training with the %d in sight", self.cfg.run.run_id, over[0],
+                             len(others))
+                    next_say = next_look
+                self.stop.wait(1.0)
+                continue
             if time.monotonic() >= next_say:
                 clock = self.skew
                 log.warning("waiting for peers of run %s: %d found via %s (need %d; swarm.min_peers=1 trains "

@@ -230,3 +230,56 @@ def test_the_peers_votes_are_its_ledger_the_senders_whose_work_it_verified_and_n
     peer.workers = {}
     peer._note_workers(exchange(0), decided=[me])
     assert "QmFlipper" in peer.workers  # it would vote
+
+
+def test_who_asks_whether_the_run_is_over_while_waiting_for_peers(tmp_path, monkeypatch) -> None:
+    """The wiring of sync.asks_if_over in Peer._wait_for_peers, on a clock of its own and member records as the DHT
+    would give them: between rounds a peer with trainers in sight never reads the 'finished' records (a DHT read
+    a round); a peer that just resumed does once before it trains with trainers short of the last round, stops
+    after a second look 10 s later when both say the run is over, and with a finisher in sight reads nothing."""
+    from types import SimpleNamespace
+
+    from _tiny import tiny_config
+    from gradnode.node.swarm import peer as peer_module
+    from gradnode.node.swarm.peer import Peer
+
+    clock = [1000.0]
+
+    class Stop:  # the wait's 1 s pauses move the clock instead of sleeping
+        def __init__(self) -> None:
+            self.set_ = False
+
+        def is_set(self) -> bool:
+            return self.set_
+
+        def set(self) -> None:
+            self.set_ = True
+
+        def wait(self, s: float) -> bool:
+            clock[0] += s
+            return self.set_
+
+    monkeypatch.setattr(peer_module, "time", SimpleNamespace(monotonic=lambda: clock[0], time=lambda: clock[0]))
+
+    peer = Peer(tiny_config(tmp_path, swarm={"rounds": 10, "min_peers": 2}))
+    peer.engine = SimpleNamespace(round=4, contributors={"a": 3})
+    peer._write_health = peer._publish_member = lambda *a, **k: None
+
+    def waited(rounds_seen: list[int], resumed: bool, says: tuple[int, str] | None) -> tuple[Peer, list[float]]:
+        peer.stop, peer.run_over, peer.waiting = Stop(), None, False
+        members = {f"Qm{i}": SimpleNamespace(training=True, round=r) for i, r in enumerate(rounds_seen)}
+        peer.membership = SimpleNamespace(fresh=lambda max_age=0.5: members)
+        asked: list[float] = []
+        peer._ended_without_us = lambda: asked.append(clock[0]) or says
+        peer._wait_for_peers(resumed=resumed)
+        return peer, asked
+
+    over = (10, "ab" * 16)
+    peer, asked = waited([4, 5], resumed=False, says=over)  # between rounds: no read, on it goes
+    assert asked == [] and not peer.stop.is_set()
+    peer, asked = waited([4, 5], resumed=True, says=None)  # resumed, the run goes on: one read, then training
+    assert len(asked) == 1 and not peer.stop.is_set() and peer.run_over is None
+    peer, asked = waited([4, 5], resumed=True, says=over)  # resumed after the run's end: two reads 10 s apart
+    assert len(asked) == 2 and asked[1] - asked[0] >= 10.0 and peer.stop.is_set() and peer.run_over == over
+    peer, asked = waited([4, 10], resumed=True, says=over)  # a finisher lingers: go on with them, take their state
+    assert asked == [] and not peer.stop.is_set()

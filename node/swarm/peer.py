@@ -766,7 +766,7 @@ class Peer:
         if self.sw.min_peers <= 1:
             return
         me, next_say, next_look, waited = self.identity.peer_id, 0.0, 0.0, time.monotonic()
-        looks, over = 0, None  # looks in a row that found the run over (_ended_without_us)
+        looks, over, said = 0, None, False  # looks in a row that found the run over (_ended_without_us)
         running = self.engine is not None and self.engine.round > 0
         while not self.stop.is_set():
             members = self.membership.fresh(max_age=0 if self.waiting else 0.5)
@@ -804,11 +804,11 @@ class Peer:
                 self.waiting = True
                 self._write_health()
             if enough:  # the first look found the run over: a second one before training with them
-                if looks == 1 and time.monotonic() >= next_say:
+                if not said:
                     log.info("run %s looks over (most of this peer's contributors reached round %d); looking "
                              "again in 10 s before training with the %d in sight", self.cfg.run.run_id, over[0],
                              len(others))
-                    next_say = next_look
+                    said = True
                 self.stop.wait(1.0)
                 continue
             if time.monotonic() >= next_say:

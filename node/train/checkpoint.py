@@ -49,7 +49,7 @@ def save(directory: Path | str, round_: int, state: dict[str, Any], meta: dict[s
     """Write ``state`` as the checkpoint of ``round_``; prune to the newest ``keep`` valid-looking ones."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    final = directory / f"round-{round_:08d}"
+    final = folder(directory, round_)
     tmp = directory / f".tmp-{final.name}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -98,12 +98,17 @@ def list_checkpoints(directory: Path | str) -> list[Path]:
     return sorted(found, key=lambda p: p.name, reverse=True)
 
 
+def folder(directory: Path | str, round_: int) -> Path:
+    """The checkpoint folder of ``round_`` in ``directory`` (whether or not it exists)."""
+    return Path(directory) / f"round-{round_:08d}"
+
+
 def made_at(directory: Path | str, round_: int) -> float | None:
     """When the checkpoint of ``round_`` in ``directory`` was written (its meta.json's mtime); None when there is
     none. The state a resumed engine holds is as old as the checkpoint it loaded, which is not the newest one when a
     newer one failed to verify."""
     try:
-        return (Path(directory) / f"round-{round_:08d}" / "meta.json").stat().st_mtime
+        return (folder(directory, round_) / "meta.json").stat().st_mtime
     except OSError:
         return None
 

@@ -122,6 +122,19 @@ def asks_if_over(trainers: Collection[int], enough: bool, resumed: bool, target:
     return not trainers or (enough and resumed and target > 0 and all(r < target for r in trainers))
 
 
+def kept_finished(records: Iterable[tuple[str, float, bytes]], now: float, ttl: float, cap: int) -> list[bytes]:
+    """Which verified 'finished' records (author, the time it is dated, its bytes) a bootstrap keeps and serves
+    (node/swarm/finished.py): each author's newest, none dated more than ``ttl`` before ``now`` (the DHT would
+    have dropped it) or more than ``FUTURE_S`` after it (``run_over`` ignores it), at most ``cap`` of them, the
+    newest. A flood of keys can crowd the cap: a returning peer then waits, as it did without a keeper."""
+    newest: dict[str, tuple[float, bytes]] = {}
+    for peer, t, raw in records:
+        if now - ttl <= t <= now + FUTURE_S and (peer not in newest or (t, raw) > newest[peer]):
+            newest[peer] = (t, raw)
+    kept = sorted(newest.items(), key=lambda kv: (-kv[1][0], kv[0]))[:cap]
+    return [raw for _, (_, raw) in sorted(kept)]
+
+
 def run_over(finished: Mapping[str, tuple[int, str, float]], ledger: Collection[str], me: str, target: int, *,
              since: float = -math.inf, now: float = math.inf, banned: Collection[str] = ()) -> tuple[int, str] | None:
     """Whether the run is over for a waiting peer: more than half the keys of its ledger other than itself and

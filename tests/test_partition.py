@@ -95,12 +95,17 @@ def test_a_peer_alone_waits_for_its_run_and_says_so(tmp_path: Path) -> None:
 def test_peers_back_after_their_run_ended_are_told_so_and_stop(tmp_path: Path) -> None:
     """Four peers train towards round 8; peers 2 and 3 are each killed once they checkpointed a state whose ledger
     names peers 0 and 1 (more than half its keys besides its own, whatever else it names), and the other
-    two finish the run without them, each storing a signed 'finished' record that outlives it. Restarted together
-    after the others left, peers 2 and 3 see each other train, but most contributors their ledgers know say the
-    run is over, so both stop where they are and say so (before, a peer back alone waited for peers for good,
-    only the bootstrap left, and two back together trained on to the end on a chain of their own)."""
+    two finish the run without them, each storing a signed 'finished' record that outlives it. The bootstrap, killed
+    -9 once it kept both records in its run folder, comes back with an empty DHT. Restarted together after the
+    others left, peers 2 and 3 see each other train, but most contributors their ledgers know say the run is over
+    (in the records the bootstrap kept), so both stop where they are and say so (before, a peer back alone waited
+    for peers for good, only the bootstrap left, two back together trained on to the end on a chain of their own,
+    and a bootstrap restarted after the run's end held no record of it: they waited for peers for good)."""
     import json
     import signal
+
+    from gradnode.node.swarm.finished import FILE_NAME
+    from gradnode.protocol.records import Finished, kept_finished_of
 
     s = sim.SimSettings(peers=4, rounds=8, config=None, out_dir=tmp_path, timeout_s=400, eval_peers=0,
                         overrides=[*TINY_SWARM, *PACED, "checkpoint.every_rounds=1"])
@@ -136,6 +141,22 @@ def test_peers_back_after_their_run_ended_are_told_so_and_stop(tmp_path: Path) -
         while (swarm.running("peer-0") or swarm.running("peer-1")) and time.monotonic() < end:
             time.sleep(0.5)
         assert not swarm.running("peer-0") and not swarm.running("peer-1")
+
+        def kept() -> set[str]:
+            try:
+                return {Finished.from_bytes(r).peer for r in kept_finished_of((tmp_path / "bootstrap" / FILE_NAME)
+                                                                              .read_bytes())}
+            except (OSError, ValueError):  # not written yet (RecordError is a ValueError)
+                return set()
+
+        while not {peer_id("peer-0"), peer_id("peer-1")} <= kept() and time.monotonic() < end:
+            time.sleep(0.5)  # the bootstrap reads the records every heartbeat
+        assert {peer_id("peer-0"), peer_id("peer-1")} <= kept(), kept()
+        swarm.kill("bootstrap", signal.SIGKILL)
+        swarm.procs["bootstrap"].wait()
+        (tmp_path / "bootstrap.maddrs").unlink()  # written again once it is up
+        swarm.restart("bootstrap", round_=8)
+        swarm.bootstrap_ready()
         for name in back:
             swarm.restart(name, round_=8)
         while any(swarm.running(n) for n in back) and time.monotonic() < end + 120:

@@ -143,3 +143,25 @@ def test_a_set_spelled_out_from_the_network_is_parsed_strictly() -> None:
     for bad in (b"", b"\xc1", msgpack.packb({"a": 1}), msgpack.packb([[A]]), msgpack.packb([[A, 7]]),
                 msgpack.packb([["x" * 200, D]]), msgpack.packb([[A, D]] * (MAX_PEERS_PER_ROUND + 1))):
         assert _pairs(bad) is None, bad[:20]
+
+
+def test_a_kept_list_of_finished_records_is_parsed_strictly() -> None:
+    from gradnode.protocol.records import (FINISHED_MAX_BYTES, KEPT_FINISHED_MAX, RecordError, kept_finished_blob,
+                                           kept_finished_of)
+
+    assert kept_finished_of(kept_finished_blob([b"x", b"y" * 700])) == [b"x", b"y" * 700]
+    for bad in (msgpack.packb({"a": 1}), msgpack.packb(["text"]), msgpack.packb([1]), msgpack.packb([[b"x"]]),
+                msgpack.packb([b"x" * (FINISHED_MAX_BYTES + 1)], use_bin_type=True), b"\xc1", b"",
+                msgpack.packb([b"x"] * (KEPT_FINISHED_MAX + 1), use_bin_type=True), "str", None):
+        with pytest.raises(RecordError):
+            kept_finished_of(bad)  # type: ignore[arg-type]
+
+
+@given(st.binary(max_size=512))
+def test_random_bytes_as_a_kept_list_raise_record_error_only(data: bytes) -> None:
+    from gradnode.protocol.records import RecordError, kept_finished_of
+
+    try:
+        assert all(isinstance(r, bytes) for r in kept_finished_of(data))
+    except RecordError:
+        pass

@@ -143,3 +143,23 @@ def test_the_runs_end_needs_a_majority_of_the_ledger_whatever_the_others_say(led
     backers = [p for p, (r, h, t) in told.items() if p in asked and r >= 10 and 500.0 <= t <= 800.0]
     assert (over is not None) == (2 * len(backers) > len(asked) > 0)
     assert over is None or over in [told[p][:2] for p in backers]
+
+
+def test_a_bootstrap_keeps_each_keys_newest_finished_record_within_its_life_and_the_cap() -> None:
+    now, ttl = 10_000.0, 1_000.0
+    seen = [("a", 9_500.0, b"a-old"), ("a", 9_900.0, b"a-new"), ("b", 8_000.0, b"b-expired"),
+            ("c", now + sync.FUTURE_S + 1, b"c-ahead"), ("d", now + 30, b"d-slightly-ahead"), ("e", 9_000.0, b"e")]
+    assert sync.kept_finished(seen, now, ttl, cap=10) == [b"a-new", b"d-slightly-ahead", b"e"]
+    assert sync.kept_finished(seen, now, ttl, cap=2) == [b"a-new", b"d-slightly-ahead"]  # the newest
+    assert sync.kept_finished(reversed(seen), now, ttl, cap=10) == sync.kept_finished(seen, now, ttl, cap=10)
+
+
+@given(st.lists(st.tuples(st.sampled_from("abcdefgh"), st.floats(0, 2_000), st.binary(max_size=3)), max_size=30),
+       st.integers(0, 10))
+def test_what_a_bootstrap_keeps_is_bounded_one_a_key_and_the_same_in_any_order(seen: list[tuple[str, float, bytes]],
+                                                                              cap: int) -> None:
+    kept = sync.kept_finished(seen, 1_000.0, 500.0, cap)
+    assert kept == sync.kept_finished(list(reversed(seen)), 1_000.0, 500.0, cap)
+    alive = [(p, r) for p, t, r in seen if 500.0 <= t <= 1_000.0 + sync.FUTURE_S]
+    assert len(kept) == min(cap, len({p for p, _ in alive}))  # one a key, up to the cap
+    assert all(any(r == raw for _, r in alive) for raw in kept)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from gradnode.node.config import Config
-from gradnode.node.swarm import admission, adversary, health
+from gradnode.node.swarm import admission, adversary, finished, health
 from gradnode.node.swarm.addressbook import AddressBook, with_peer_id
 from gradnode.node.swarm.agreement import abstain
 from gradnode.node.swarm.chores import Chores, off_majority
@@ -103,6 +103,7 @@ class Peer:
         self.peer_index = peer_index if peer_index is not None else shard_of(self.identity.peer_id)
         self.transport = Transport(self.sw, self.identity)
         self.membership: Membership | None = None
+        self.kept: finished.Kept | None = None  # a bootstrap's 'finished' records (serve-only peers)
         self.equivocators: Equivocators | None = None  # made by start()
         self.sybils: adversary.Sybils | adversary.Replayer | None = None  # 'flood', 'sybilvotes', 'replayleave' only
         self.workers: dict[str, int] = {}  # sender -> newest round whose update this process verified (_voters)
@@ -170,6 +171,9 @@ class Peer:
         self.chores = Chores(cfg=self.cfg, members=self.membership, transport=self.transport, phases=self.phases,
                              publish_member=lambda: self._publish_member(training=True), save=self._save_checkpoint,
                              round_seconds=self.clock.round_seconds, look_at_chains=self._look_at_chains)
+        if self.sw.serve_only:  # the run's end outlives a restart of the bootstrap (node/swarm/finished.py)
+            self.kept = finished.Kept(self.membership, self.transport, self.cfg.run.output_dir / finished.FILE_NAME,
+                                      FINISHED_TTL_S)
         self._publish_member(training=not self.sw.serve_only)
 
     def _connect(self) -> None:
@@ -222,6 +226,11 @@ class Peer:
                 self._keep_connected()
             except Exception as err:  # a DHT hiccup must not end the heartbeat
                 log.debug("keep-connected failed: %r", err)
+            try:
+                if self.kept is not None:
+                    self.kept.refresh()
+            except Exception as err:  # nor may keeping the run's end
+                log.debug("keeping 'finished' records failed: %r", err)
             try:
                 self._refresh_gauges()
             except Exception as err:  # nor may the metrics
@@ -691,12 +700,16 @@ class Peer:
     def _ended_without_us(self) -> tuple[int, str] | None:
         """The run's end as its contributors told it (protocol/sync.py ``run_over``), for a waiting peer of a run
         that stops at a round (swarm.rounds; who asks: ``_wait_for_peers``); None when the run is not over for it.
-        Only the records of ledger keys are read (a flood of other keys' costs no signature check)."""
+        The records are the DHT's and those a bootstrap among the initial peers keeps (node/swarm/finished.py: a
+        restarted one has none in its DHT); only ledger keys' are verified (a flood of other keys' costs nothing)."""
         if not self.sw.rounds or self.engine is None or not self.engine.contributors:
             return None
         ledger = set(self.engine.contributors)
-        told = {r.peer: (r.round, r.param_hash, r.time)
-                for r in self.membership.read("finished", None, Finished, fresh=True, authors=ledger)}
+        told: dict[str, tuple[int, str, float]] = {}  # each key's newest: from the DHT, and kept by a bootstrap
+        for r in sorted([*self.membership.read("finished", None, Finished, fresh=True, authors=ledger),
+                         *finished.kept_elsewhere(self.membership, self.transport, self.sw.initial_peers, ledger)],
+                        key=lambda r: r.time):
+            told[r.peer] = (r.round, r.param_hash, r.time)
         return sync_rules.run_over(told, ledger, self.identity.peer_id, self.sw.rounds, since=self._state_since,
                                    now=self.transport.now(), banned={*self._banned(), *self.membership.gate.revoked})
 

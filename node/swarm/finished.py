@@ -1,0 +1,109 @@
+"""The run's end, kept past the DHT's memory.
+
+A peer that reaches the run's last round stores a signed 'finished' record in the DHT (peer.py
+``_say_finished``); a peer back after the run's end reads them to learn that it is over (``_ended_without_us``).
+hivemind keeps a record in memory on the nodes nearest its key only: once every finisher left, a bootstrap
+restarted for an upgrade or after a crash holds none, and a returning peer waited for peers for good.
+
+So a bootstrap (a serve-only peer) keeps the verified records it reads in its run folder, loads them when it
+starts again, and serves them as one blob (``records.kept_finished_name``); a peer asking whether the run is over
+reads that blob from its initial peers besides the DHT. Each record carries its author's key and is verified on
+it, so a bootstrap can only withhold records (the reader then waits, as without one), never forge one; the
+reader's own rule (protocol/sync.py ``run_over``: its ledger's keys, the age of its state, the clock bound)
+judges them as it judges the DHT's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Collection
+from pathlib import Path
+
+from gradnode.node.swarm.membership import Membership
+from gradnode.node.swarm.transport import Transport
+from gradnode.protocol import sync as rules
+from gradnode.protocol.records import (FINISHED_MAX_BYTES, KEPT_FINISHED_MAX, Finished, RecordError,
+                                       kept_finished_blob, kept_finished_name, kept_finished_of)
+
+log = logging.getLogger(__name__)
+
+FILE_NAME = "finished.msgpack"
+FETCH_S = 5.0  # how long a reader waits for its initial peers' kept lists (one look; a bootstrap down costs this)
+
+
+def _verified(membership: Membership, raws: list[bytes], authors: Collection[str] | None = None) -> list[Finished]:
+    """The records of ``raws`` that parse and verify on the key they carry (of ``authors`` only: a flood of
+    other keys' records costs no signature check)."""
+    out = []
+    for raw in raws:
+        try:
+            rec = Finished.from_bytes(raw)
+        except RecordError:
+            continue
+        if (authors is None or rec.peer in authors) and membership.verify_record(rec):
+            out.append(rec)
+    return out
+
+
+class Kept:
+    """A bootstrap's 'finished' records: read from the DHT every heartbeat, written to ``path`` when they change,
+    served as one blob (the transport's blob store)."""
+
+    def __init__(self, membership: Membership, transport: Transport, path: Path, ttl: float) -> None:
+        self.membership, self.transport, self.path, self.ttl = membership, transport, path, ttl
+        self.name = kept_finished_name(membership.run_id)
+        self.records: list[bytes] = []
+        try:
+            loaded = _verified(membership, kept_finished_of(path.read_bytes())) if path.exists() else []
+        except (OSError, RecordError) as err:  # a damaged file costs only what it kept
+            log.warning("kept 'finished' records %s unreadable (%s); starting without them", path, err)
+            loaded = []
+        self._keep(loaded, save=False)
+        if self.records:
+            log.info("kept 'finished' records of run %s: %d, served again", membership.run_id, len(self.records))
+
+    def refresh(self) -> None:
+        """Add the records in the DHT now (heartbeat thread)."""
+        self._keep(self.membership.read("finished", None, Finished, fresh=True), save=True)
+
+    def _keep(self, new: list[Finished], save: bool) -> None:
+        old = [Finished.from_bytes(raw) for raw in self.records]
+        records = rules.kept_finished(((r.peer, r.time, r.to_bytes()) for r in [*old, *new]),
+                                      now=self.transport.now(), ttl=self.ttl, cap=KEPT_FINISHED_MAX)
+        if records == self.records and self.transport.blobs.get(self.name) is not None:
+            return
+        self.records = records
+        blob = kept_finished_blob(records)
+        self.transport.blobs.put(self.name, blob)
+        if save:
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            try:
+                tmp.write_bytes(blob)
+                os.replace(tmp, self.path)
+            except OSError as err:  # a full disk costs only this save: the blob is served all the same
+                log.warning("kept 'finished' records not saved (%s)", err)
+
+
+def kept_elsewhere(membership: Membership, transport: Transport, initial_peers: list[str],
+                   authors: Collection[str]) -> list[Finished]:
+    """The 'finished' records of ``authors`` in the first non-empty kept list one of this peer's initial peers
+    serves (a bootstrap; any other peer holds none), verified; none when nobody serves one within ``FETCH_S``."""
+    sources: dict[str, list[str]] = {}
+    for maddr in initial_peers:
+        if "/p2p/" in maddr:
+            sources.setdefault(maddr.rsplit("/p2p/", 1)[-1], []).append(maddr)
+    sources.pop(membership.identity.peer_id, None)
+    if not sources or not authors:
+        return []
+
+    def some(blob: bytes) -> bool:
+        try:
+            return bool(kept_finished_of(blob))
+        except RecordError:
+            return False
+
+    blob = transport.fetch(list(sources.items()), kept_finished_name(membership.run_id), verify=some,
+                           max_bytes=KEPT_FINISHED_MAX * (FINISHED_MAX_BYTES + 8), deadline=time.monotonic() + FETCH_S)
+    return _verified(membership, kept_finished_of(blob), authors) if blob is not None else []

@@ -100,7 +100,7 @@ def test_peers_back_after_their_run_ended_are_told_so_and_stop(tmp_path: Path) -
     others left, peers 2 and 3 see each other train, but most contributors their ledgers know say the run is over
     (in the records the bootstrap kept), so both stop where they are and say so (before, a peer back alone waited
     for peers for good, only the bootstrap left, two back together trained on to the end on a chain of their own,
-    and a bootstrap restarted after the run's end held no record of it: they waited for peers for good)."""
+    and a bootstrap restarted after the run's end held no record of it: they trained on to the end again)."""
     import json
     import signal
 

@@ -122,17 +122,30 @@ def asks_if_over(trainers: Collection[int], enough: bool, resumed: bool, target:
     return not trainers or (enough and resumed and target > 0 and all(r < target for r in trainers))
 
 
-def kept_finished(records: Iterable[tuple[str, float, bytes]], now: float, ttl: float, cap: int) -> list[bytes]:
+def kept_finished(kept: Iterable[tuple[str, float, bytes]], seen: Iterable[tuple[str, float, bytes]], now: float,
+                  ttl: float, cap: int) -> list[bytes]:
     """Which verified 'finished' records (author, the time it is dated, its bytes) a bootstrap keeps and serves
-    (node/swarm/finished.py): each author's newest, none dated more than ``ttl`` before ``now`` (the DHT would
-    have dropped it) or more than ``FUTURE_S`` after it (``run_over`` ignores it), at most ``cap`` of them, the
-    newest. A flood of keys can crowd the cap: a returning peer then waits, as it did without a keeper."""
-    newest: dict[str, tuple[float, bytes]] = {}
-    for peer, t, raw in records:
-        if now - ttl <= t <= now + FUTURE_S and (peer not in newest or (t, raw) > newest[peer]):
-            newest[peer] = (t, raw)
-    kept = sorted(newest.items(), key=lambda kv: (-kv[1][0], kv[0]))[:cap]
-    return [raw for _, (_, raw) in sorted(kept)]
+    (node/swarm/finished.py): of those it ``kept`` and those it has ``seen`` since, each author's newest, none dated
+    more than ``ttl`` before ``now`` (the DHT would have dropped it) or more than ``FUTURE_S`` after it
+    (``run_over`` ignores it), at most ``cap``. An author kept keeps its place: newcomers take the room left, the
+    earliest dated first (on its clock: a flood of keys re-dating its records cannot push the finishers out once
+    they are kept; one that comes before them can crowd the cap, and a returning peer then waits, as without a
+    keeper)."""
+    def newest(records: Iterable[tuple[str, float, bytes]]) -> dict[str, tuple[float, bytes]]:
+        out: dict[str, tuple[float, bytes]] = {}
+        for peer, t, raw in records:
+            if now - ttl <= t <= now + FUTURE_S and (peer not in out or (t, raw) > out[peer]):
+                out[peer] = (t, raw)
+        return out
+
+    old, new = newest(kept), newest(seen)
+    kept_now = {p: max(v, new[p]) if p in new else v for p, v in old.items()}
+    room = max(0, cap - len(kept_now))
+    for p in sorted((p for p in new if p not in kept_now), key=lambda p: (min(new[p][0], now), p))[:room]:
+        kept_now[p] = new[p]
+    if len(kept_now) > cap:  # a smaller cap than the one that kept them: the earliest dated stay
+        kept_now = dict(sorted(kept_now.items(), key=lambda kv: (kv[1][0], kv[0]))[:cap])
+    return [raw for _, (_, raw) in sorted(kept_now.items())]
 
 
 def run_over(finished: Mapping[str, tuple[int, str, float]], ledger: Collection[str], me: str, target: int, *,

@@ -50,7 +50,7 @@ def test_a_bootstrap_keeps_verified_finished_records_and_serves_them_again_after
     path = tmp_path / "bootstrap" / FILE_NAME
     path.parent.mkdir()
 
-    kept = Kept(Membership(dht, me, RUN, 30.0), dht, path, TTL)  # type: ignore[arg-type]
+    kept = Kept(Membership(dht, me, RUN, 30.0), dht, path, TTL, every_s=0.0)  # type: ignore[arg-type]
     assert served(dht) == [] and not path.exists()
     kept.refresh()
     assert sorted(served(dht)) == sorted(good) and sorted(kept_finished_of(path.read_bytes())) == sorted(good)

@@ -149,17 +149,37 @@ def test_a_bootstrap_keeps_each_keys_newest_finished_record_within_its_life_and_
     now, ttl = 10_000.0, 1_000.0
     seen = [("a", 9_500.0, b"a-old"), ("a", 9_900.0, b"a-new"), ("b", 8_000.0, b"b-expired"),
             ("c", now + sync.FUTURE_S + 1, b"c-ahead"), ("d", now + 30, b"d-slightly-ahead"), ("e", 9_000.0, b"e")]
-    assert sync.kept_finished(seen, now, ttl, cap=10) == [b"a-new", b"d-slightly-ahead", b"e"]
-    assert sync.kept_finished(seen, now, ttl, cap=2) == [b"a-new", b"d-slightly-ahead"]  # the newest
-    assert sync.kept_finished(reversed(seen), now, ttl, cap=10) == sync.kept_finished(seen, now, ttl, cap=10)
+    assert sync.kept_finished([], seen, now, ttl, cap=10) == [b"a-new", b"d-slightly-ahead", b"e"]
+    assert sync.kept_finished([], seen, now, ttl, cap=2) == [b"a-new", b"e"]  # newcomers: the earliest dated
+    assert sync.kept_finished([], reversed(seen), now, ttl, cap=10) == sync.kept_finished([], seen, now, ttl, cap=10)
+    # what was kept stays when it is no longer in the DHT, but not past its life
+    assert sync.kept_finished([("a", 9_900.0, b"a-new"), ("b", 8_000.0, b"b-expired")], [], now, ttl, 10) == [b"a-new"]
+
+
+def test_a_flood_of_keys_dating_their_records_ahead_never_pushes_kept_finishers_out() -> None:
+    now, ttl = 10_000.0, 1_000.0
+    kept = [("a", 9_900.0, b"a"), ("b", 9_950.0, b"b")]
+    flood = [(f"sybil{i:03d}", now + sync.FUTURE_S - 1, b"s%d" % i) for i in range(200)]
+    after = sync.kept_finished(kept, [*flood, ("a", 9_990.0, b"a-again")], now, ttl, cap=3)
+    assert after == [b"a-again", b"b", b"s0"]  # a kept key's newer record takes no room of its own
 
 
 @given(st.lists(st.tuples(st.sampled_from("abcdefgh"), st.floats(0, 2_000), st.binary(max_size=3)), max_size=30),
+       st.lists(st.tuples(st.sampled_from("cdefghij"), st.floats(0, 2_000), st.binary(max_size=3)), max_size=30),
        st.integers(0, 10))
-def test_what_a_bootstrap_keeps_is_bounded_one_a_key_and_the_same_in_any_order(seen: list[tuple[str, float, bytes]],
-                                                                              cap: int) -> None:
-    kept = sync.kept_finished(seen, 1_000.0, 500.0, cap)
-    assert kept == sync.kept_finished(list(reversed(seen)), 1_000.0, 500.0, cap)
-    alive = [(p, r) for p, t, r in seen if 500.0 <= t <= 1_000.0 + sync.FUTURE_S]
-    assert len(kept) == min(cap, len({p for p, _ in alive}))  # one a key, up to the cap
-    assert all(any(r == raw for _, r in alive) for raw in kept)
+def test_what_a_bootstrap_keeps_is_bounded_one_a_key_and_keeps_what_it_kept(kept: list[tuple[str, float, bytes]],
+                                                                           seen: list[tuple[str, float, bytes]],
+                                                                           cap: int) -> None:
+    now, ttl = 1_000.0, 500.0
+
+    def alive(records: list[tuple[str, float, bytes]]) -> set[str]:
+        return {p for p, t, _ in records if now - ttl <= t <= now + sync.FUTURE_S}
+
+    before = sync.kept_finished([], kept, now, ttl, cap)
+    owners = {p for p, t, r in kept if r in before and p in alive(kept)}
+    after = sync.kept_finished([(p, t, r) for p, t, r in kept if r in before], seen, now, ttl, cap)
+    assert after == sync.kept_finished([(p, t, r) for p, t, r in kept if r in before], list(reversed(seen)), now,
+                                       ttl, cap)
+    assert len(before) == min(cap, len(alive(kept))) and len(after) <= cap
+    assert len(after) == min(cap, len(alive(kept) & owners | alive(seen) | owners)) or len(owners) > cap
+    assert all(any(r == raw for _, _, r in [*kept, *seen]) for raw in after)

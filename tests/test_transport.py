@@ -420,3 +420,26 @@ def test_a_finished_record_is_verified_by_the_key_it_carries_and_only_its_author
     assert b.store(dht_key("run", "finished"), genuine, ttl=60)
     got = mc.read("finished", None, Finished, fresh=True)
     assert [r.peer for r in got] == [a.peer_id] and mc.bad_records.get(b.peer_id) == 2, (got, mc.bad_records)
+
+
+def test_a_bootstrap_serves_the_finished_records_it_keeps_and_a_junk_list_hides_none(trio, tmp_path: Path) -> None:
+    """node/swarm/finished.py over real transports: a (a bootstrap) keeps the verified 'finished' record b stored
+    in the DHT and serves it; c serves a junk list under the same name. A peer asking the initial peers it was
+    given (a and c; never itself) gets b's record, verified, and only for the keys it asks about."""
+    from gradnode.node.swarm.finished import Kept, kept_elsewhere
+    from gradnode.node.swarm.membership import Membership
+    from gradnode.protocol.records import Finished, kept_finished_blob, kept_finished_name
+
+    a, b, c = trio
+    ma, mb = (Membership(t, t.identity, "run", ttl=30.0) for t in (a, b))
+    assert mb.write("finished", None, Finished(peer=b.peer_id, public_key=b.identity.public_der, run_id="run",
+                                               round=6, param_hash="ab" * 8, time=b.now()), ttl=60)
+    kept = Kept(ma, a, tmp_path / "finished.msgpack", ttl=86400.0, every_s=0.0)
+    assert settles(lambda: kept.refresh() or kept.records)
+    c.blobs.put(kept_finished_name("run"), kept_finished_blob([b"x"]))
+    initial = [*a.maddrs(), *c.maddrs(), *b.maddrs()]
+    for _ in range(3):  # both are asked every time: c's junk, whichever answers first, hides nothing
+        got = kept_elsewhere(mb, b, initial, {b.peer_id})
+        assert [(r.peer, r.round) for r in got] == [(b.peer_id, 6)], got
+    assert kept_elsewhere(mb, b, initial, {a.peer_id}) == []  # only the keys asked about
+    assert Kept(ma, a, tmp_path / "finished.msgpack", ttl=86400.0).records == kept.records  # as a restart reads it

@@ -3,11 +3,12 @@
 A peer that reaches the run's last round stores a signed 'finished' record in the DHT (peer.py
 ``_say_finished``); a peer back after the run's end reads them to learn that it is over (``_ended_without_us``).
 hivemind keeps a record in memory on the nodes nearest its key only: once every finisher left, a bootstrap
-restarted for an upgrade or after a crash holds none, and a returning peer waited for peers for good.
+restarted for an upgrade or after a crash holds none: a peer back alone waited for peers for good, and two back
+together trained on to the end on a chain of their own.
 
 So a bootstrap (a serve-only peer) keeps the verified records it reads in its run folder, loads them when it
 starts again, and serves them as one blob (``records.kept_finished_name``); a peer asking whether the run is over
-reads that blob from its initial peers besides the DHT. Each record carries its author's key and is verified on
+asks each of its initial peers for that blob besides the DHT, and merges what they serve. Each record carries its author's key and is verified on
 it, so a bootstrap can only withhold records (the reader then waits, as without one), never forge one; the
 reader's own rule (protocol/sync.py ``run_over``: its ledger's keys, the age of its state, the clock bound)
 judges them as it judges the DHT's.
@@ -16,6 +17,7 @@ judges them as it judges the DHT's.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Collection
@@ -31,6 +33,7 @@ log = logging.getLogger(__name__)
 
 FILE_NAME = "finished.msgpack"
 FETCH_S = 5.0  # how long a reader waits for its initial peers' kept lists (one look; a bootstrap down costs this)
+REFRESH_S = 30.0  # a bootstrap reads the DHT's 'finished' records this often
 
 
 def _verified(membership: Membership, raws: list[bytes], authors: Collection[str] | None = None) -> list[Finished]:
@@ -51,10 +54,12 @@ class Kept:
     """A bootstrap's 'finished' records: read from the DHT every heartbeat, written to ``path`` when they change,
     served as one blob (the transport's blob store)."""
 
-    def __init__(self, membership: Membership, transport: Transport, path: Path, ttl: float) -> None:
-        self.membership, self.transport, self.path, self.ttl = membership, transport, path, ttl
+    def __init__(self, membership: Membership, transport: Transport, path: Path, ttl: float,
+                 every_s: float = REFRESH_S) -> None:
+        self.membership, self.transport, self.path, self.ttl, self.every_s = membership, transport, path, ttl, every_s
         self.name = kept_finished_name(membership.run_id)
         self.records: list[bytes] = []
+        self._read_at = -math.inf
         try:
             loaded = _verified(membership, kept_finished_of(path.read_bytes())) if path.exists() else []
         except (OSError, RecordError) as err:  # a damaged file costs only what it kept
@@ -65,12 +70,17 @@ class Kept:
             log.info("kept 'finished' records of run %s: %d, served again", membership.run_id, len(self.records))
 
     def refresh(self) -> None:
-        """Add the records in the DHT now (heartbeat thread)."""
+        """Add the records in the DHT now, every ``every_s`` at most (heartbeat thread: its DHT read may take
+        seconds, and the bootstrap's member record must stay fresh)."""
+        if time.monotonic() - self._read_at < self.every_s:
+            return
+        self._read_at = time.monotonic()
         self._keep(self.membership.read("finished", None, Finished, fresh=True), save=True)
 
     def _keep(self, new: list[Finished], save: bool) -> None:
         old = [Finished.from_bytes(raw) for raw in self.records]
-        records = rules.kept_finished(((r.peer, r.time, r.to_bytes()) for r in [*old, *new]),
+        records = rules.kept_finished(((r.peer, r.time, r.to_bytes()) for r in old),
+                                      ((r.peer, r.time, r.to_bytes()) for r in new),
                                       now=self.transport.now(), ttl=self.ttl, cap=KEPT_FINISHED_MAX)
         if records == self.records and self.transport.blobs.get(self.name) is not None:
             return
@@ -80,7 +90,10 @@ class Kept:
         if save:
             tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
             try:
-                tmp.write_bytes(blob)
+                with open(tmp, "wb") as f:
+                    f.write(blob)
+                    f.flush()
+                    os.fsync(f.fileno())  # a power loss leaves the old file or the new one, never an empty one
                 os.replace(tmp, self.path)
             except OSError as err:  # a full disk costs only this save: the blob is served all the same
                 log.warning("kept 'finished' records not saved (%s)", err)
@@ -88,22 +101,25 @@ class Kept:
 
 def kept_elsewhere(membership: Membership, transport: Transport, initial_peers: list[str],
                    authors: Collection[str]) -> list[Finished]:
-    """The 'finished' records of ``authors`` in the first non-empty kept list one of this peer's initial peers
-    serves (a bootstrap; any other peer holds none), verified; none when nobody serves one within ``FETCH_S``."""
+    """The 'finished' records of ``authors`` that this peer's initial peers keep (a bootstrap serves them; any other
+    peer holds none), verified: every initial peer is asked once, all at once, and their lists are merged (one
+    that serves a short or junk list hides nobody else's); nothing from one that does not answer in ``FETCH_S``."""
     sources: dict[str, list[str]] = {}
     for maddr in initial_peers:
         if "/p2p/" in maddr:
             sources.setdefault(maddr.rsplit("/p2p/", 1)[-1], []).append(maddr)
-    sources.pop(membership.identity.peer_id, None)
     if not sources or not authors:
         return []
-
-    def some(blob: bytes) -> bool:
+    try:
+        blobs = transport.ask_each(list(sources.items()), kept_finished_name(membership.run_id),
+                                   max_bytes=KEPT_FINISHED_MAX * (FINISHED_MAX_BYTES + 8), timeout=FETCH_S)
+    except Exception as err:  # the transport's loop did not answer in time: this look goes by the DHT alone
+        log.debug("kept 'finished' records not read: %r", err)
+        return []
+    out = []
+    for blob in blobs.values():
         try:
-            return bool(kept_finished_of(blob))
+            out += _verified(membership, kept_finished_of(blob), authors) if blob is not None else []
         except RecordError:
-            return False
-
-    blob = transport.fetch(list(sources.items()), kept_finished_name(membership.run_id), verify=some,
-                           max_bytes=KEPT_FINISHED_MAX * (FINISHED_MAX_BYTES + 8), deadline=time.monotonic() + FETCH_S)
-    return _verified(membership, kept_finished_of(blob), authors) if blob is not None else []
+            continue
+    return out

@@ -706,12 +706,14 @@ class Peer:
             return None
         ledger = set(self.engine.contributors)
         told: dict[str, tuple[int, str, float]] = {}  # each key's newest: from the DHT, and kept by a bootstrap
+        now = self.transport.now()
         for r in sorted([*self.membership.read("finished", None, Finished, fresh=True, authors=ledger),
                          *finished.kept_elsewhere(self.membership, self.transport, self.sw.initial_peers, ledger)],
                         key=lambda r: r.time):
-            told[r.peer] = (r.round, r.param_hash, r.time)
+            if r.time <= now + sync_rules.FUTURE_S:  # one dated ahead counts for nothing: it hides no other
+                told[r.peer] = (r.round, r.param_hash, r.time)
         return sync_rules.run_over(told, ledger, self.identity.peer_id, self.sw.rounds, since=self._state_since,
-                                   now=self.transport.now(), banned={*self._banned(), *self.membership.gate.revoked})
+                                   now=now, banned={*self._banned(), *self.membership.gate.revoked})
 
     def _last_round_off_majority(self) -> bool:
         """The run's last round gets its hash check too: once the others reported it (bounded wait), a peer

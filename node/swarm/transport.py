@@ -814,6 +814,23 @@ class Transport:
         """Run a coroutine on the transport loop without waiting (fetches in the background)."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
+    def ask_each(self, sources: list[tuple[str, list[str]]], name: str, *, max_bytes: int,
+                 timeout: float) -> dict[str, bytes | None]:
+        """Ask each of ``sources`` once, all at once, for blob ``name``: {peer: its bytes, or None when it holds
+        none, fails or does not answer within ``timeout``}. For a look at what each holds (a kept list of the
+        run's end), not a blob any one copy of will do (``fetch`` retries holders until one serves it)."""
+        async def one(peer: str, addrs: list[str]) -> tuple[str, bytes | None]:
+            try:
+                return peer, await asyncio.wait_for(self._fetch(peer, name, max_bytes, addrs), timeout)
+            except Exception as err:  # lost connections and timeouts are normal events
+                log.debug("ask failed name=%s from=%s error=%r", name, peer, err)
+                return peer, None
+
+        async def all_() -> list[tuple[str, bytes | None]]:
+            return await asyncio.gather(*(one(p, a) for p, a in sources if p != self.peer_id and p not in self.blocked))
+
+        return dict(self._run(all_(), timeout + 5)) if sources else {}
+
     def fetch_many(self, jobs: list[tuple[list[tuple[str, list[str]]], str]], *, max_bytes: int, deadline: float,
                    verify: Callable[[str, bytes], bool], stop: threading.Event | None = None) -> dict[str, bytes]:
         """Fetch several blobs concurrently; returns {name: bytes} for those that arrived and verified (``stop``:

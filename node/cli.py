@@ -605,7 +605,8 @@ def bootstrap_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] 
                                                                  "(at metrics.host; 0: any free port)."),
                   maddrs_file: Optional[Path] = typer.Option(None, "--maddrs-file", hidden=True),
                   verbose: bool = VerboseOpt) -> None:
-    """Start a long-lived bootstrap peer with a stable identity; prints the multiaddrs others join with."""
+    """Start a long-lived bootstrap peer with a stable identity; prints the multiaddrs others join with. Its output
+    folder keeps the peers it saw and the run's end (peers back after it learn that it is over) across restarts."""
     extra: dict[str, Any] = {"swarm.serve_only": not train}
     if genesis is not None:
         extra["run.genesis"] = str(genesis)

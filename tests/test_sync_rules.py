@@ -164,22 +164,22 @@ def test_a_flood_of_keys_dating_their_records_ahead_never_pushes_kept_finishers_
     assert after == [b"a-again", b"b", b"s0"]  # a kept key's newer record takes no room of its own
 
 
-@given(st.lists(st.tuples(st.sampled_from("abcdefgh"), st.floats(0, 2_000), st.binary(max_size=3)), max_size=30),
-       st.lists(st.tuples(st.sampled_from("cdefghij"), st.floats(0, 2_000), st.binary(max_size=3)), max_size=30),
-       st.integers(0, 10))
-def test_what_a_bootstrap_keeps_is_bounded_one_a_key_and_keeps_what_it_kept(kept: list[tuple[str, float, bytes]],
-                                                                           seen: list[tuple[str, float, bytes]],
+@given(st.dictionaries(st.sampled_from("abcdefgh"), st.floats(500, 1_000 + sync.FUTURE_S)),
+       st.lists(st.tuples(st.sampled_from("cdefghij"), st.floats(0, 2_000)), max_size=30), st.integers(0, 10))
+def test_what_a_bootstrap_keeps_is_bounded_one_a_key_and_keeps_what_it_kept(kept_at: dict[str, float],
+                                                                           seen_at: list[tuple[str, float]],
                                                                            cap: int) -> None:
     now, ttl = 1_000.0, 500.0
-
-    def alive(records: list[tuple[str, float, bytes]]) -> set[str]:
-        return {p for p, t, _ in records if now - ttl <= t <= now + sync.FUTURE_S}
-
-    before = sync.kept_finished([], kept, now, ttl, cap)
-    owners = {p for p, t, r in kept if r in before and p in alive(kept)}
-    after = sync.kept_finished([(p, t, r) for p, t, r in kept if r in before], seen, now, ttl, cap)
-    assert after == sync.kept_finished([(p, t, r) for p, t, r in kept if r in before], list(reversed(seen)), now,
-                                       ttl, cap)
-    assert len(before) == min(cap, len(alive(kept))) and len(after) <= cap
-    assert len(after) == min(cap, len(alive(kept) & owners | alive(seen) | owners)) or len(owners) > cap
-    assert all(any(r == raw for _, _, r in [*kept, *seen]) for raw in after)
+    kept = [(p, t, f"{p}@{t!r}".encode()) for p, t in kept_at.items()]  # alive, as a bootstrap kept them
+    seen = [(p, t, f"{p}@{t!r}".encode()) for p, t in seen_at]
+    after = sync.kept_finished(kept, seen, now, ttl, cap)
+    assert after == sync.kept_finished(kept, list(reversed(seen)), now, ttl, cap)
+    owners = [raw.split(b"@")[0].decode() for raw in after]
+    assert len(owners) == len(set(owners))  # one a key
+    alive = {p for p, t, _ in seen if now - ttl <= t <= now + sync.FUTURE_S} | set(kept_at)
+    if len(kept) <= cap:
+        assert set(kept_at) <= set(owners)  # what was kept stays, whatever came since
+    assert len(after) == min(cap, len(alive))
+    for p in owners:  # each key's newest alive record
+        t = max(t for q, t, _ in [*kept, *seen] if q == p and now - ttl <= t <= now + sync.FUTURE_S)
+        assert f"{p}@{t!r}".encode() in after

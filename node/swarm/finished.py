@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 FILE_NAME = "finished.msgpack"
 FETCH_S = 5.0  # how long a reader waits for its initial peers' kept lists (one look; a bootstrap down costs this)
-REFRESH_S = 30.0  # a bootstrap reads the DHT's 'finished' records this often
+REFRESH_S = 15.0  # a bootstrap reads the DHT's 'finished' records this often (finishers linger: peer.py _linger)
 
 
 def _verified(membership: Membership, raws: list[bytes], authors: Collection[str] | None = None) -> list[Finished]:

@@ -8,10 +8,10 @@ together trained on to the end on a chain of their own.
 
 So a bootstrap (a serve-only peer) keeps the verified records it reads in its run folder, loads them when it
 starts again, and serves them as one blob (``records.kept_finished_name``); a peer asking whether the run is over
-asks each of its initial peers for that blob besides the DHT, and merges what they serve. Each record carries its author's key and is verified on
-it, so a bootstrap can only withhold records (the reader then waits, as without one), never forge one; the
-reader's own rule (protocol/sync.py ``run_over``: its ledger's keys, the age of its state, the clock bound)
-judges them as it judges the DHT's.
+asks each of its initial peers for that blob besides the DHT, and merges what they serve. Each record carries its
+author's key and is verified on it, so a bootstrap can only withhold records (the reader then goes by the DHT, as
+without one), never forge one; the reader's own rule (protocol/sync.py ``run_over``: its ledger's keys, the age of
+its state, the clock bound) judges them as it judges the DHT's.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def _verified(membership: Membership, raws: list[bytes], authors: Collection[str
 
 
 class Kept:
-    """A bootstrap's 'finished' records: read from the DHT every heartbeat, written to ``path`` when they change,
+    """A bootstrap's 'finished' records: read from the DHT every ``every_s``, written to ``path`` when they change,
     served as one blob (the transport's blob store)."""
 
     def __init__(self, membership: Membership, transport: Transport, path: Path, ttl: float,

@@ -827,7 +827,8 @@ class Transport:
                 return peer, None
 
         async def all_() -> list[tuple[str, bytes | None]]:
-            return await asyncio.gather(*(one(p, a) for p, a in sources if p != self.peer_id and p not in self.blocked))
+            asked = [(p, a) for p, a in sources if p != self.peer_id and p not in self.blocked]
+            return await asyncio.gather(*(one(p, a) for p, a in asked))
 
         return dict(self._run(all_(), timeout + 5)) if sources else {}
 

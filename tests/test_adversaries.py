@@ -88,7 +88,8 @@ def test_a_mix_of_adversaries_moves_no_honest_peer_and_counts_for_little(run_swa
     then, and a re-sync repairs it: the sybils would move it every round); the replayed updates are
     refused for that reason only, a bounded number of times, and never in a decided set; an honest peer
     ignores the equivocator only on a proof it checked, and once every honest peer does, its update is in no
-    set; the two robust-rule attackers count in at most half the rounds, alike on every honest peer; honest
+    set; the two robust-rule attackers count in at most half the rounds, alike on every honest peer (the
+    free-rider: of the rounds it had another's update to copy; with none it sends its own honestly); honest
     updates count, and the model learns. Whether and how soon each honest peer catches the equivocator (it
     must read both versions of one report, and an equivocator out of phase on a loaded machine may witness
     no round), how soon each attacker is screened and in how many rounds honest updates count depend on the
@@ -140,5 +141,11 @@ def test_a_mix_of_adversaries_moves_no_honest_peer_and_counts_for_little(run_swa
         # busy machine split (repaired by a re-sync later) was decided apart on the two sides, as it may be
         both = {r for r in set.intersection(*(set(h) for h in hashes)) if len({h[r] for h in hashes}) == 1}
         assert len({frozenset(c & both) for c in counted}) == 1, (bad["role"], counted)  # decided alike
-        assert len(counted[0]) <= rounds // 2, (bad["role"], counted)
+        lied = counted[0]
+        if bad["role"] == "freerider":  # a round after one it applied no other's update in (round 0; split off
+            # alone by a busy machine, as CI once saw it for 7 rounds), it has nothing to copy and sends its own
+            could = {row["round"] + 1 for row in metrics_of(summary, peers.index(bad))
+                     if set(row["senders"]) - {bad["peer"]}}
+            lied = lied & could
+        assert len(lied) <= rounds // 2, (bad["role"], counted, lied)
     assert summary["val_loss_last"] < summary["val_loss_first"]

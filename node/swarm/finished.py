@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections.abc import Collection
 from pathlib import Path
 
+from gradnode.node import write_atomic
 from gradnode.node.swarm.membership import Membership
 from gradnode.node.swarm.transport import Transport
 from gradnode.protocol import sync as rules
@@ -88,13 +88,8 @@ class Kept:
         blob = kept_finished_blob(records)
         self.transport.blobs.put(self.name, blob)
         if save:
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            try:
-                with open(tmp, "wb") as f:
-                    f.write(blob)
-                    f.flush()
-                    os.fsync(f.fileno())  # a power loss leaves the old file or the new one, never an empty one
-                os.replace(tmp, self.path)
+            try:  # synced: a power loss leaves the old file or the new one, never an empty one
+                write_atomic(self.path, blob, sync=True)
             except OSError as err:  # a full disk costs only this save: the blob is served all the same
                 log.warning("kept 'finished' records not saved (%s)", err)
 

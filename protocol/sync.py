@@ -37,6 +37,7 @@ class Chunked(Offer, Protocol):
 
 O = TypeVar("O", bound=Offer)
 C = TypeVar("C", bound=Chunked)
+V = TypeVar("V")
 
 
 def beyond_reach(offer: Offer, reported: Mapping[str, int]) -> bool:
@@ -122,6 +123,18 @@ def asks_if_over(trainers: Collection[int], enough: bool, resumed: bool, target:
     return not trainers or (enough and resumed and target > 0 and all(r < target for r in trainers))
 
 
+def newest_per_key(records: Iterable[tuple[str, float, V]], now: float, *,
+                   oldest: float = -math.inf) -> dict[str, tuple[float, V]]:
+    """Each key's newest of ``records`` (key, the time it is dated, what it says): {key: (time, what)}, none dated
+    before ``oldest`` nor more than ``FUTURE_S`` after ``now`` (one dated ahead counts for nothing, and hides no
+    other); of two dated alike, the greater. The same whatever the order the records come in."""
+    out: dict[str, tuple[float, V]] = {}
+    for key, t, value in records:
+        if oldest <= t <= now + FUTURE_S and (key not in out or (t, value) > out[key]):
+            out[key] = (t, value)
+    return out
+
+
 def kept_finished(kept: Iterable[tuple[str, float, bytes]], seen: Iterable[tuple[str, float, bytes]], now: float,
                   ttl: float, cap: int) -> list[bytes]:
     """Which verified 'finished' records (author, the time it is dated, its bytes) a bootstrap keeps and serves
@@ -131,14 +144,7 @@ def kept_finished(kept: Iterable[tuple[str, float, bytes]], seen: Iterable[tuple
     earliest dated first (on its clock: a flood of keys re-dating its records cannot push the finishers out once
     they are kept; one that comes before them can crowd the cap, and a returning peer then waits, as without a
     keeper)."""
-    def newest(records: Iterable[tuple[str, float, bytes]]) -> dict[str, tuple[float, bytes]]:
-        out: dict[str, tuple[float, bytes]] = {}
-        for peer, t, raw in records:
-            if now - ttl <= t <= now + FUTURE_S and (peer not in out or (t, raw) > out[peer]):
-                out[peer] = (t, raw)
-        return out
-
-    old, new = newest(kept), newest(seen)
+    old, new = newest_per_key(kept, now, oldest=now - ttl), newest_per_key(seen, now, oldest=now - ttl)
     kept_now = {p: max(v, new[p]) if p in new else v for p, v in old.items()}
     room = max(0, cap - len(kept_now))
     for p in sorted((p for p in new if p not in kept_now), key=lambda p: (min(new[p][0], now), p))[:room]:

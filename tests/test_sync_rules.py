@@ -145,6 +145,20 @@ def test_the_runs_end_needs_a_majority_of_the_ledger_whatever_the_others_say(led
     assert over is None or over in [told[p][:2] for p in backers]
 
 
+@given(st.lists(st.tuples(st.sampled_from("abcd"), st.floats(0, 2_000), st.integers(0, 3)), max_size=20),
+       st.floats(0, 1_000))
+def test_each_keys_newest_record_whatever_their_order_none_dated_ahead_or_too_old(
+        records: list[tuple[str, float, int]], oldest: float) -> None:
+    """What a waiting peer reads of the run's end and what a bootstrap keeps of it (``newest_per_key``): one a key,
+    its newest in range; a record dated ahead (a lie that would outlive every later one) hides nothing."""
+    now = 1_000.0
+    got = sync.newest_per_key(records, now, oldest=oldest)
+    assert got == sync.newest_per_key(list(reversed(records)), now, oldest=oldest)
+    in_range = [(k, t, v) for k, t, v in records if oldest <= t <= now + sync.FUTURE_S]
+    assert got == {k: max((t, v) for q, t, v in in_range if q == k) for k, _, _ in in_range}
+    assert sync.newest_per_key([*records, ("a", now + sync.FUTURE_S + 1, 9)], now, oldest=oldest) == got
+
+
 def test_a_bootstrap_keeps_each_keys_newest_finished_record_within_its_life_and_the_cap() -> None:
     now, ttl = 10_000.0, 1_000.0
     seen = [("a", 9_500.0, b"a-old"), ("a", 9_900.0, b"a-new"), ("b", 8_000.0, b"b-expired"),

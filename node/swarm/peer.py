@@ -705,13 +705,11 @@ class Peer:
         if not self.sw.rounds or self.engine is None or not self.engine.contributors:
             return None
         ledger = set(self.engine.contributors)
-        told: dict[str, tuple[int, str, float]] = {}  # each key's newest: from the DHT, and kept by a bootstrap
         now = self.transport.now()
-        for r in sorted([*self.membership.read("finished", None, Finished, fresh=True, authors=ledger),
-                         *finished.kept_elsewhere(self.membership, self.transport, self.sw.initial_peers, ledger)],
-                        key=lambda r: r.time):
-            if r.time <= now + sync_rules.FUTURE_S:  # one dated ahead counts for nothing: it hides no other
-                told[r.peer] = (r.round, r.param_hash, r.time)
+        records = [*self.membership.read("finished", None, Finished, fresh=True, authors=ledger),
+                   *finished.kept_elsewhere(self.membership, self.transport, self.sw.initial_peers, ledger)]
+        newest = sync_rules.newest_per_key(((r.peer, r.time, (r.round, r.param_hash)) for r in records), now)
+        told = {peer: (round_, hash_, t) for peer, (t, (round_, hash_)) in newest.items()}
         return sync_rules.run_over(told, ledger, self.identity.peer_id, self.sw.rounds, since=self._state_since,
                                    now=now, banned={*self._banned(), *self.membership.gate.revoked})
 

@@ -436,6 +436,25 @@ class Transport:
     def _run(self, coro, timeout: float):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
+    def _each(self, targets: list[tuple[str, list[str]]], call: Callable[[str, list[str]], Any], *, timeout: float,
+              what: str, failed: Any = None) -> list[tuple[str, Any]]:
+        """``await call(peer, addrs)`` for each target neither blocked nor this peer, all at once on the transport
+        loop, each within ``timeout``: [(peer, its result, or ``failed`` when it raised or ran out of time)]. An
+        unreachable, vanished or refusing peer is a normal event: logged at debug level as ``what`` failed."""
+        targets = [(p, a) for p, a in targets if p not in self.blocked and p != self.peer_id]
+
+        async def one(peer: str, addrs: list[str]) -> Any:
+            try:
+                return await asyncio.wait_for(call(peer, addrs), timeout)
+            except Exception as err:
+                log.debug("%s failed peer=%s error=%r", what, peer[:12], err)
+                return failed
+
+        async def all_() -> list[Any]:
+            return await asyncio.gather(*(one(p, a) for p, a in targets))
+
+        return list(zip((p for p, _ in targets), self._run(all_(), timeout + 5))) if targets else []
+
     # --- DHT records -----------------------------------------------------------------------------------
 
     def now(self) -> float:
@@ -753,43 +772,22 @@ class Transport:
 
     def push(self, targets: list[tuple[str, list[str]]], name: str, data: bytes, *, deadline: float) -> int:
         """Push a blob to every target concurrently (bounded by ``deadline``); returns how many accepted."""
-        async def one(peer: str, addrs: list[str]) -> bool:
-            try:
-                return await asyncio.wait_for(self.push_async(peer, addrs, name, data),
-                                              max(0.1, deadline - time.monotonic()))
-            except Exception as err:  # unreachable or refusing peers are normal events
-                log.debug("push failed name=%s to=%s error=%r", name, peer, err)
-                return False
-
-        async def all_() -> list[bool]:
-            return await asyncio.gather(*(one(p, a) for p, a in targets))
-
-        targets = [(p, a) for p, a in targets if p not in self.blocked]
-        if not targets:
-            return 0
-        return sum(self._run(all_(), max(1.0, deadline - time.monotonic() + 5)))
+        pushed = self._each(targets, lambda peer, addrs: self.push_async(peer, addrs, name, data),
+                            timeout=max(0.1, deadline - time.monotonic()), what=f"push {name}", failed=False)
+        return sum(ok for _, ok in pushed)
 
     def dial(self, targets: list[tuple[str, list[str]]], timeout: float = 5.0) -> dict[str, bool]:
         """Connect to each (peer id, maddrs) and ping it through the DHT, so that both add each other to
         their routing tables (a peer found in the address book joins this peer's DHT again). Concurrent,
         bounded by ``timeout``; {peer id: answered}."""
-        async def one(peer: str, maddrs: list[str]) -> bool:
-            try:
-                pid = PeerID.from_base58(peer)
-                addrs = [Multiaddr(_without_peer_id(m)) for m in maddrs]
-                await asyncio.wait_for(self._p2p._client.connect(pid, addrs), timeout)
-                return True
-            except Exception as err:  # an unreachable or vanished peer is a normal event
-                log.debug("dial failed peer=%s error=%r", peer[:12], err)
-                return False
+        async def connect(peer: str, maddrs: list[str]) -> bool:
+            addrs = [Multiaddr(_without_peer_id(m)) for m in maddrs]
+            await self._p2p._client.connect(PeerID.from_base58(peer), addrs)
+            return True
 
-        async def all_() -> list[bool]:
-            return await asyncio.gather(*(one(p, m) for p, m in targets))
-
-        targets = [(p, m) for p, m in targets if p not in self.blocked]
-        if not targets or self._dht is None:
+        if self._dht is None:
             return {}
-        answered = dict(zip((p for p, _ in targets), self._run(all_(), timeout + 5)))
+        answered = dict(self._each(targets, connect, timeout=timeout, what="dial", failed=False))
         for peer, ok in answered.items():
             if ok:  # in the DHT's own process: its routing table and the other side's learn each other
                 self._dht.run_coroutine(functools.partial(_dht_ping, peer=peer), return_future=True)
@@ -819,18 +817,8 @@ class Transport:
         """Ask each of ``sources`` once, all at once, for blob ``name``: {peer: its bytes, or None when it holds
         none, fails or does not answer within ``timeout``}. For a look at what each holds (a kept list of the
         run's end), not a blob any one copy of will do (``fetch`` retries holders until one serves it)."""
-        async def one(peer: str, addrs: list[str]) -> tuple[str, bytes | None]:
-            try:
-                return peer, await asyncio.wait_for(self._fetch(peer, name, max_bytes, addrs), timeout)
-            except Exception as err:  # lost connections and timeouts are normal events
-                log.debug("ask failed name=%s from=%s error=%r", name, peer, err)
-                return peer, None
-
-        async def all_() -> list[tuple[str, bytes | None]]:
-            asked = [(p, a) for p, a in sources if p != self.peer_id and p not in self.blocked]
-            return await asyncio.gather(*(one(p, a) for p, a in asked))
-
-        return dict(self._run(all_(), timeout + 5)) if sources else {}
+        return dict(self._each(sources, lambda peer, addrs: self._fetch(peer, name, max_bytes, addrs),
+                               timeout=timeout, what=f"ask {name}"))
 
     def fetch_many(self, jobs: list[tuple[list[tuple[str, list[str]]], str]], *, max_bytes: int, deadline: float,
                    verify: Callable[[str, bytes], bool], stop: threading.Event | None = None) -> dict[str, bytes]:

@@ -254,22 +254,19 @@ def test_kill_restart_stop_late_join_bootstrap_loss_and_a_replayed_leaving_recor
     assert summary["live_peers"] == 5 and summary["identical_hashes"], explain(summary)
     steady, restarted, late, returned = peers[0], peers[1], peers[3], peers[4]
     assert steady["rounds"] == 20
-    # the restarted peer: same identity, resumed from its own checkpoint, and level again: by replaying the
-    # missed rounds (the usual way: it can have missed at most 18, inside the 20-round catch-up window), or
-    # by the state when its first look finds no offer on the winning chain (offers lag the chain tails on a
-    # loaded machine: a CI run beside a flake hunt logged "state offers of rounds 1,8 all disagree with the
-    # swarm's chain", and the peer downloaded round 8's state a second later) or the missed updates outweigh it
-    # (killed before its first checkpoint was written, a late-starting peer resumes with nothing: then it downloads)
-    assert restarted["restarts"] == 1
-    assert restarted["resumed_round"] is not None or restarted["state_downloads"] >= 1, explain(summary)
-    assert restarted["catchups"] + restarted["state_downloads"] >= 1, explain(summary)
-    # the late joiner: fresh, so it downloaded the state (at its start, or once the chain rule found it off the
-    # swarm's chain when its first look for an offer came too late), and it ends on the swarm's hash (above).
-    # When its update first counts depends on the machine's load (within 2 rounds on an idle machine, 12 once on
-    # a busy one; a joiner's first updates may count for little, a fresh AdamW's few steps): the simulator asserts
-    # that over seeds (tests/test_virtual.py, the churn scenarios); asserted here, that an honest peer's update is
+    # the restarted peer (same identity) and the late joiner (fresh) are level again: both among the live peers
+    # above, at round 20 on the swarm's hash. How each got level is the schedule's: by replaying the missed rounds,
+    # by the state, or by running on from its start-up look (3 s) when no offer on the winning chain turned up in
+    # it (offers lag the chain tails on a loaded machine), sitting out the rounds already late and applying the
+    # others' sets of them, with no replay or download counted. Which path the rules take, and when, is the
+    # simulator's to assert over seeds (tests/test_virtual.py, the churn scenarios: replay when cheaper than the
+    # state, else download); asserted here: the restart was one, and neither the restarted peer nor the late
+    # joiner ended off the swarm. When the joiner's update first counts depends on the machine's load too
+    # (within 2 rounds on an idle machine, 12 once on a busy one); asserted, that an honest peer's update is
     # never screened as a replay or a duplicate of another's
-    assert late["state_downloads"] >= 1, explain(summary)
+    assert restarted["restarts"] == 1
+    assert restarted["rounds"] == late["rounds"] == 20 and \
+        restarted["param_hash"] == late["param_hash"] == steady["param_hash"], explain(summary)
     rows = metrics_of(summary, 3)
     reasons = [(r["round"], r["own_included"], r["own_screened"]) for r in rows]
     assert all(r["own_screened"] in HONEST_SCREENS for r in rows), reasons

@@ -236,7 +236,9 @@ def test_who_asks_whether_the_run_is_over_while_waiting_for_peers(tmp_path, monk
     """The wiring of sync.asks_if_over in Peer._wait_for_peers, on a clock of its own and member records as the DHT
     would give them: between rounds a peer with trainers in sight never reads the 'finished' records (a DHT read
     a round); a peer that just resumed does once before it trains with trainers short of the last round, stops
-    after a second look 10 s later when both say the run is over, and with a finisher in sight reads nothing."""
+    after a second look 10 s later when both say the run is over, and with a finisher in sight reads nothing. A look
+    that an initial peer did not answer (a bootstrap that keeps the run's end, loaded or restarting) is no answer:
+    it neither counts nor undoes the look before it; after UNSURE_LOOKS of them in a row the records read decide."""
     from types import SimpleNamespace
 
     from _tiny import tiny_config
@@ -265,12 +267,20 @@ def test_who_asks_whether_the_run_is_over_while_waiting_for_peers(tmp_path, monk
     peer.engine = SimpleNamespace(round=4, contributors={"a": 3})
     peer._write_health = peer._publish_member = lambda *a, **k: None
 
-    def waited(rounds_seen: list[int], resumed: bool, says: tuple[int, str] | None) -> tuple[Peer, list[float]]:
+    def waited(rounds_seen: list[int], resumed: bool, says: tuple[int, str] | None,
+               silent: int = 0) -> tuple[Peer, list[float]]:
+        """``says`` at every look but the first ``silent`` ones after the first (an initial peer did not answer:
+        the DHT's records alone said the run goes on)."""
         peer.stop, peer.run_over, peer.waiting = Stop(), None, False
         members = {f"Qm{i}": SimpleNamespace(training=True, round=r) for i, r in enumerate(rounds_seen)}
         peer.membership = SimpleNamespace(fresh=lambda max_age=0.5: members)
         asked: list[float] = []
-        peer._ended_without_us = lambda: asked.append(clock[0]) or says
+
+        def look() -> tuple[tuple[int, str] | None, bool]:
+            asked.append(clock[0])
+            return (None, False) if 1 < len(asked) <= 1 + silent else (says, True)
+
+        peer._ended_without_us = look
         peer._wait_for_peers(resumed=resumed)
         return peer, asked
 
@@ -283,3 +293,8 @@ def test_who_asks_whether_the_run_is_over_while_waiting_for_peers(tmp_path, monk
     assert len(asked) == 2 and asked[1] - asked[0] >= 10.0 and peer.stop.is_set() and peer.run_over == over
     peer, asked = waited([4, 10], resumed=True, says=over)  # a finisher lingers: go on with them, take their state
     assert asked == [] and not peer.stop.is_set()
+    # the second look unanswered by the bootstrap that keeps the records: it waits for a third (before, it trained)
+    peer, asked = waited([4, 5], resumed=True, says=over, silent=1)
+    assert len(asked) == 3 and peer.stop.is_set() and peer.run_over == over
+    peer, asked = waited([4, 5], resumed=True, says=over, silent=peer_module.UNSURE_LOOKS + 1)  # a dead initial peer
+    assert len(asked) == 2 + peer_module.UNSURE_LOOKS and not peer.stop.is_set() and peer.run_over is None

@@ -425,8 +425,11 @@ def test_a_finished_record_is_verified_by_the_key_it_carries_and_only_its_author
 def test_a_bootstrap_serves_the_finished_records_it_keeps_and_a_junk_list_hides_none(trio, tmp_path: Path) -> None:
     """node/swarm/finished.py over real transports: a (a bootstrap) keeps the verified 'finished' record b stored
     in the DHT and serves it; c serves a junk list under the same name. A peer asking the initial peers it was
-    given (a and c; never itself) gets b's record, verified, and only for the keys it asks about."""
+    given (a and c; never itself) gets b's record, verified, and only for the keys it asks about; an initial peer
+    that does not answer hides nothing either, and the look says that one did not (it is no answer: a peer back
+    after the run's end looks again before it takes the run for going on)."""
     from gradnode.node.swarm.finished import Kept, kept_elsewhere
+    from gradnode.node.swarm.identity import load_or_create
     from gradnode.node.swarm.membership import Membership
     from gradnode.protocol.records import Finished, kept_finished_blob, kept_finished_name
 
@@ -439,7 +442,10 @@ def test_a_bootstrap_serves_the_finished_records_it_keeps_and_a_junk_list_hides_
     c.blobs.put(kept_finished_name("run"), kept_finished_blob([b"x"]))
     initial = [*a.maddrs(), *c.maddrs(), *b.maddrs()]
     for _ in range(3):  # both are asked every time: c's junk, whichever answers first, hides nothing
-        got = kept_elsewhere(mb, b, initial, {b.peer_id})
-        assert [(r.peer, r.round) for r in got] == [(b.peer_id, 6)], got
-    assert kept_elsewhere(mb, b, initial, {a.peer_id}) == []  # only the keys asked about
+        got, whole = kept_elsewhere(mb, b, initial, {b.peer_id})
+        assert [(r.peer, r.round) for r in got] == [(b.peer_id, 6)] and whole, got
+    assert kept_elsewhere(mb, b, initial, {a.peer_id}) == ([], True)  # only the keys asked about
+    silent = f"/ip4/127.0.0.1/tcp/1/p2p/{load_or_create(tmp_path / 'gone.key').peer_id}"  # nobody listens there
+    got, whole = kept_elsewhere(mb, b, [*initial, silent], {b.peer_id})
+    assert [(r.peer, r.round) for r in got] == [(b.peer_id, 6)] and not whole, got
     assert Kept(ma, a, tmp_path / "finished.msgpack", ttl=86400.0).records == kept.records  # as a restart reads it

@@ -95,26 +95,29 @@ class Kept:
 
 
 def kept_elsewhere(membership: Membership, transport: Transport, initial_peers: list[str],
-                   authors: Collection[str]) -> list[Finished]:
+                   authors: Collection[str]) -> tuple[list[Finished], bool]:
     """The 'finished' records of ``authors`` that this peer's initial peers keep (a bootstrap serves them; any other
     peer holds none), verified: every initial peer is asked once, all at once, and their lists are merged (one
-    that serves a short or junk list hides nobody else's); nothing from one that does not answer in ``FETCH_S``."""
+    that serves a short or junk list hides nobody else's); nothing from one that does not answer in ``FETCH_S``.
+    With them, whether every initial peer asked answered (False: a bootstrap that keeps the run's end may be among
+    the silent ones, so records missing from this look may be there all the same)."""
     sources: dict[str, list[str]] = {}
     for maddr in initial_peers:
-        if "/p2p/" in maddr:
-            sources.setdefault(maddr.rsplit("/p2p/", 1)[-1], []).append(maddr)
+        peer = maddr.rsplit("/p2p/", 1)[-1] if "/p2p/" in maddr else ""
+        if peer and peer != transport.peer_id:
+            sources.setdefault(peer, []).append(maddr)
     if not sources or not authors:
-        return []
+        return [], True
     try:
         blobs = transport.ask_each(list(sources.items()), kept_finished_name(membership.run_id),
                                    max_bytes=KEPT_FINISHED_MAX * (FINISHED_MAX_BYTES + 8), timeout=FETCH_S)
     except Exception as err:  # the transport's loop did not answer in time: this look goes by the DHT alone
         log.debug("kept 'finished' records not read: %r", err)
-        return []
+        return [], False
     out = []
     for blob in blobs.values():
         try:
             out += _verified(membership, kept_finished_of(blob), authors) if blob is not None else []
         except RecordError:
             continue
-    return out
+    return out, blobs.keys() >= sources.keys()

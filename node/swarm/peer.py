@@ -67,6 +67,8 @@ LOOK_S = 2.0  # how often a lingering peer looks at the chains (chain.Follow act
 CLOCK_CHECK_S = 60.0  # how often a peer pings a few others for their clocks (protocol/skew.py)
 CLOCK_PEERS = 5  # peers pinged a check: up to 2 initial peers, the rest voting trainers in sight
 FINISHED_TTL_S = 7 * 86400.0  # how long a peer's 'finished' record outlives it (a peer back after the run's end)
+UNSURE_LOOKS = 2  # looks in a row that an initial peer did not answer and that found the run not over, taken as no
+# answer (the run's end kept by a silent bootstrap); one more goes by the records it read (a dead initial peer)
 HEARTBEAT_S = 10.0  # member record refresh and re-dialling of absent peers, at most this far apart
 DIAL_WINDOW_S = 6 * 3600.0  # address-book peers seen within this are re-dialled while absent
 # blobs served per round (updates, reports spelled out, decided sets, counted reports):
@@ -697,21 +699,23 @@ class Peer:
             log.warning("could not store this peer's 'finished' record")
         return rec.param_hash
 
-    def _ended_without_us(self) -> tuple[int, str] | None:
+    def _ended_without_us(self) -> tuple[tuple[int, str] | None, bool]:
         """The run's end as its contributors told it (protocol/sync.py ``run_over``), for a waiting peer of a run
         that stops at a round (swarm.rounds; who asks: ``_wait_for_peers``); None when the run is not over for it.
         The records are the DHT's and those a bootstrap among the initial peers keeps (node/swarm/finished.py: a
-        restarted one has none in its DHT); only ledger keys' are verified (a flood of other keys' costs nothing)."""
+        restarted one has none in its DHT); only ledger keys' are verified (a flood of other keys' costs nothing).
+        With it, whether every initial peer answered (``kept_elsewhere``): a None of a look some did not is no
+        answer."""
         if not self.sw.rounds or self.engine is None or not self.engine.contributors:
-            return None
+            return None, True
         ledger = set(self.engine.contributors)
         now = self.transport.now()
-        records = [*self.membership.read("finished", None, Finished, fresh=True, authors=ledger),
-                   *finished.kept_elsewhere(self.membership, self.transport, self.sw.initial_peers, ledger)]
+        kept, whole = finished.kept_elsewhere(self.membership, self.transport, self.sw.initial_peers, ledger)
+        records = [*self.membership.read("finished", None, Finished, fresh=True, authors=ledger), *kept]
         newest = sync_rules.newest_per_key(((r.peer, r.time, (r.round, r.param_hash)) for r in records), now)
         told = {peer: (round_, hash_, t) for peer, (t, (round_, hash_)) in newest.items()}
         return sync_rules.run_over(told, ledger, self.identity.peer_id, self.sw.rounds, since=self._state_since,
-                                   now=now, banned={*self._banned(), *self.membership.gate.revoked})
+                                   now=now, banned={*self._banned(), *self.membership.gate.revoked}), whole
 
     def _last_round_off_majority(self) -> bool:
         """The run's last round gets its hash check too: once the others reported it (bounded wait), a peer
@@ -779,7 +783,9 @@ class Peer:
         if self.sw.min_peers <= 1:
             return
         me, next_say, next_look, waited = self.identity.peer_id, 0.0, 0.0, time.monotonic()
-        looks, over, said = 0, None, False  # looks in a row that found the run over (_ended_without_us)
+        # looks that found the run over (_ended_without_us) with none between that found it not over, and looks in
+        # a row that found nothing because an initial peer did not answer
+        looks, unsure, over, said = 0, 0, None, False
         running = self.engine is not None and self.engine.round > 0
         while not self.stop.is_set():
             members = self.membership.fresh(max_age=0 if self.waiting else 0.5)
@@ -792,10 +798,17 @@ class Peer:
                       and (not running or m.round >= self.engine.round - 3)]
             enough = len(others) + 1 >= self.sw.min_peers or any(m.round > 0 for m in others)
             if not sync_rules.asks_if_over([m.round for m in others], enough, resumed, self.sw.rounds):
-                looks = 0
-            elif time.monotonic() >= next_look:  # a look every 10 s; two in a row say the run is over (not one
-                over = self._ended_without_us()  # read of the members that came back empty)
-                looks = looks + 1 if over is not None else 0
+                looks = unsure = 0
+            elif time.monotonic() >= next_look:  # a look every 10 s; two say the run is over (not one read of the
+                found, whole = self._ended_without_us()  # members that came back empty)
+                if found is not None:
+                    over, looks, unsure = found, looks + 1, 0
+                elif whole or unsure >= UNSURE_LOOKS:
+                    looks = unsure = 0
+                else:  # an initial peer (a bootstrap keeping the run's end) did not answer in time: no answer, not
+                    unsure += 1  # 'not over' (taken so, one silent look made a peer back after the run's end train)
+                    log.info("whether run %s is over: an initial peer did not answer; looking again in 10 s",
+                             self.cfg.run.run_id)
                 next_look = time.monotonic() + 10.0
             if looks >= 2 and over is not None:
                 self.run_over = over
@@ -807,7 +820,7 @@ class Peer:
                 self.leaving.set()
                 self._publish_member(training=False)  # nobody else back takes this one for a trainer
                 return
-            if enough and not looks:
+            if enough and not looks and not unsure:
                 if self.waiting:
                     log.info("peers of run %s in sight: %d, after %.0f s; training", self.cfg.run.run_id,
                              len(others) + 1, time.monotonic() - waited)
@@ -816,8 +829,8 @@ class Peer:
             if not self.waiting:
                 self.waiting = True
                 self._write_health()
-            if enough:  # the first look found the run over: a second one before training with them
-                if not said:
+            if enough:  # a look found the run over, or could not tell: another one before training with them
+                if looks and not said:
                     log.info("run %s looks over (most of this peer's contributors reached round %d); looking "
                              "again in 10 s before training with the %d in sight", self.cfg.run.run_id, over[0],
                              len(others))

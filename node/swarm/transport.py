@@ -814,11 +814,14 @@ class Transport:
 
     def ask_each(self, sources: list[tuple[str, list[str]]], name: str, *, max_bytes: int,
                  timeout: float) -> dict[str, bytes | None]:
-        """Ask each of ``sources`` once, all at once, for blob ``name``: {peer: its bytes, or None when it holds
-        none, fails or does not answer within ``timeout``}. For a look at what each holds (a kept list of the
-        run's end), not a blob any one copy of will do (``fetch`` retries holders until one serves it)."""
-        return dict(self._each(sources, lambda peer, addrs: self._fetch(peer, name, max_bytes, addrs),
-                               timeout=timeout, what=f"ask {name}"))
+        """Ask each of ``sources`` once, all at once, for blob ``name``: {peer: its bytes, or None when it answered
+        that it holds none}; a peer that fails or does not answer within ``timeout`` is left out (its silence says
+        nothing of what it holds). For a look at what each holds (a kept list of the run's end), not a blob any
+        one copy of will do (``fetch`` retries holders until one serves it)."""
+        silent = object()
+        asked = self._each(sources, lambda peer, addrs: self._fetch(peer, name, max_bytes, addrs),
+                           timeout=timeout, what=f"ask {name}", failed=silent)
+        return {peer: got for peer, got in asked if got is not silent}
 
     def fetch_many(self, jobs: list[tuple[list[tuple[str, list[str]]], str]], *, max_bytes: int, deadline: float,
                    verify: Callable[[str, bytes], bool], stop: threading.Event | None = None) -> dict[str, bytes]:

@@ -4,6 +4,7 @@ momentum: test_engine.py), a replayed leaving record, and the fault-schedule gra
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -260,11 +261,17 @@ def test_kill_restart_stop_late_join_bootstrap_loss_and_a_replayed_leaving_recor
     # it (offers lag the chain tails on a loaded machine), sitting out the rounds already late and applying the
     # others' sets of them, with no replay or download counted. Which path the rules take, and when, is the
     # simulator's to assert over seeds (tests/test_virtual.py, the churn scenarios: replay when cheaper than the
-    # state, else download); asserted here: the restart was one, and neither the restarted peer nor the late
-    # joiner ended off the swarm. When the joiner's update first counts depends on the machine's load too
-    # (within 2 rounds on an idle machine, 12 once on a busy one); asserted, that an honest peer's update is
-    # never screened as a replay or a duplicate of another's
+    # state, else download); asserted here: the restart was one, resuming its checkpoint when it had saved one, and
+    # neither the restarted peer nor the late joiner ended off the swarm. When the joiner's update first counts
+    # depends on the machine's load too (within 2 rounds on an idle machine, 12 once on a busy one); asserted, that
+    # an honest peer's update is never screened as a replay or a duplicate of another's
     assert restarted["restarts"] == 1
+    # its second life resumed the checkpoint its first one saved (an atomic write: there whole, or not at all)
+    lives = re.split(r"^run folder: \S+$", (Path(summary["out_dir"]) / "peer-1.log").read_text(errors="replace"),
+                     flags=re.M)  # the line each start writes (its end writes the folder's size after it)
+    assert len(lives) == 3, "peer-1 did not start twice"
+    if "checkpoint saved" in lives[1]:
+        assert restarted["resumed_round"] is not None, explain(summary)
     assert restarted["rounds"] == late["rounds"] == 20 and \
         restarted["param_hash"] == late["param_hash"] == steady["param_hash"], explain(summary)
     rows = metrics_of(summary, 3)

@@ -426,8 +426,8 @@ def test_a_bootstrap_serves_the_finished_records_it_keeps_and_a_junk_list_hides_
     """node/swarm/finished.py over real transports: a (a bootstrap) keeps the verified 'finished' record b stored
     in the DHT and serves it; c serves a junk list under the same name. A peer asking the initial peers it was
     given (a and c; never itself) gets b's record, verified, and only for the keys it asks about; an initial peer
-    that does not answer hides nothing either, and the look says that one did not (it is no answer: a peer back
-    after the run's end looks again before it takes the run for going on)."""
+    that does not answer, or answers that it is busy, hides nothing either, and the look says that one did not (it
+    is no answer: a peer back after the run's end looks again before it takes the run for going on)."""
     from gradnode.node.swarm.finished import Kept, kept_elsewhere
     from gradnode.node.swarm.identity import load_or_create
     from gradnode.node.swarm.membership import Membership
@@ -448,4 +448,9 @@ def test_a_bootstrap_serves_the_finished_records_it_keeps_and_a_junk_list_hides_
     silent = f"/ip4/127.0.0.1/tcp/1/p2p/{load_or_create(tmp_path / 'gone.key').peer_id}"  # nobody listens there
     got, whole = kept_elsewhere(mb, b, [*initial, silent], {b.peer_id})
     assert [(r.peer, r.round) for r in got] == [(b.peer_id, 6)] and not whole, got
+    slots, a.upload_slots = a.upload_slots, 0  # a bootstrap whose slots for the list are taken answers 'busy'
+    try:  # which says nothing of what it keeps (before, it read as an answer: holds none)
+        assert kept_elsewhere(mb, b, initial, {b.peer_id}) == ([], False)
+    finally:
+        a.upload_slots = slots
     assert Kept(ma, a, tmp_path / "finished.msgpack", ttl=86400.0).records == kept.records  # as a restart reads it

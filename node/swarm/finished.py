@@ -104,7 +104,7 @@ def kept_elsewhere(membership: Membership, transport: Transport, initial_peers: 
     sources: dict[str, list[str]] = {}
     for maddr in initial_peers:
         peer = maddr.rsplit("/p2p/", 1)[-1] if "/p2p/" in maddr else ""
-        if peer and peer != transport.peer_id:
+        if peer and peer != transport.peer_id and peer not in transport.blocked:  # those never asked
             sources.setdefault(peer, []).append(maddr)
     if not sources or not authors:
         return [], True

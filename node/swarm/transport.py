@@ -59,6 +59,10 @@ SLOWHOLD_BYTES_PER_S = 128  # testing aid (swarm.fault = slowhold): how fast the
 Sources = list[tuple[str, list[str]]] | Callable[[], list[tuple[str, list[str]]]]
 
 
+class Busy(Exception):
+    """A peer that holds a blob answered that its slots for it are taken (``Transport._fetch``)."""
+
+
 class TransportError(ValueError):
     """The peer-to-peer layer cannot start: no initial peer answers, a port is taken, an address is bad.
     The message names the address and what to check. ``unanswered``: nobody answered (a bootstrap being
@@ -436,16 +440,17 @@ class Transport:
     def _run(self, coro, timeout: float):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
-    def _each(self, targets: list[tuple[str, list[str]]], call: Callable[[str, list[str]], Any], *, timeout: float,
+    def _each(self, targets: list[tuple[str, list[str]]], call: Callable[[str, list[str]], Any], *, deadline: float,
               what: str, failed: Any = None) -> list[tuple[str, Any]]:
         """``await call(peer, addrs)`` for each target neither blocked nor this peer, all at once on the transport
-        loop, each within ``timeout``: [(peer, its result, or ``failed`` when it raised or ran out of time)]. An
-        unreachable, vanished or refusing peer is a normal event: logged at debug level as ``what`` failed."""
+        loop, each until ``deadline`` (time.monotonic(); 0.1 s at least, however late the loop starts it): [(peer,
+        its result, or ``failed`` when it raised or ran out of time)]. An unreachable, vanished or refusing peer is
+        a normal event: logged at debug level as ``what`` failed."""
         targets = [(p, a) for p, a in targets if p not in self.blocked and p != self.peer_id]
 
         async def one(peer: str, addrs: list[str]) -> Any:
             try:
-                return await asyncio.wait_for(call(peer, addrs), timeout)
+                return await asyncio.wait_for(call(peer, addrs), max(0.1, deadline - time.monotonic()))
             except Exception as err:
                 log.debug("%s failed peer=%s error=%r", what, peer[:12], err)
                 return failed
@@ -453,7 +458,9 @@ class Transport:
         async def all_() -> list[Any]:
             return await asyncio.gather(*(one(p, a) for p, a in targets))
 
-        return list(zip((p for p, _ in targets), self._run(all_(), timeout + 5))) if targets else []
+        if not targets:
+            return []
+        return list(zip((p for p, _ in targets), self._run(all_(), max(1.0, deadline - time.monotonic() + 5))))
 
     # --- DHT records -----------------------------------------------------------------------------------
 
@@ -629,11 +636,15 @@ class Transport:
         writer.write(struct.pack(">I", len(req)) + req + extra)
         return reader, writer
 
-    async def _fetch(self, peer: str, name: str, max_bytes: int, addrs: Iterable[str]) -> bytes | None:
+    async def _fetch(self, peer: str, name: str, max_bytes: int, addrs: Iterable[str], *,
+                     busy_raises: bool = False) -> bytes | None:
+        """Blob ``name`` from ``peer``; None when it holds none, or is busy serving it (``busy_raises``: Busy)."""
         reader, writer = await self._open(peer, addrs, _GET, name)
         try:
             await asyncio.wait_for(writer.drain(), _STALL_S)
             status, length = _HEADER.unpack(await asyncio.wait_for(reader.readexactly(_HEADER.size), _STALL_S))
+            if status == 2 and busy_raises:
+                raise Busy(f"{peer[:12]} is busy serving {name}")
             if status != 1:
                 return None
             if length > max_bytes:
@@ -773,7 +784,7 @@ class Transport:
     def push(self, targets: list[tuple[str, list[str]]], name: str, data: bytes, *, deadline: float) -> int:
         """Push a blob to every target concurrently (bounded by ``deadline``); returns how many accepted."""
         pushed = self._each(targets, lambda peer, addrs: self.push_async(peer, addrs, name, data),
-                            timeout=max(0.1, deadline - time.monotonic()), what=f"push {name}", failed=False)
+                            deadline=deadline, what=f"push {name}", failed=False)
         return sum(ok for _, ok in pushed)
 
     def dial(self, targets: list[tuple[str, list[str]]], timeout: float = 5.0) -> dict[str, bool]:
@@ -787,7 +798,7 @@ class Transport:
 
         if self._dht is None:
             return {}
-        answered = dict(self._each(targets, connect, timeout=timeout, what="dial", failed=False))
+        answered = dict(self._each(targets, connect, deadline=time.monotonic() + timeout, what="dial", failed=False))
         for peer, ok in answered.items():
             if ok:  # in the DHT's own process: its routing table and the other side's learn each other
                 self._dht.run_coroutine(functools.partial(_dht_ping, peer=peer), return_future=True)
@@ -815,12 +826,12 @@ class Transport:
     def ask_each(self, sources: list[tuple[str, list[str]]], name: str, *, max_bytes: int,
                  timeout: float) -> dict[str, bytes | None]:
         """Ask each of ``sources`` once, all at once, for blob ``name``: {peer: its bytes, or None when it answered
-        that it holds none}; a peer that fails or does not answer within ``timeout`` is left out (its silence says
-        nothing of what it holds). For a look at what each holds (a kept list of the run's end), not a blob any
-        one copy of will do (``fetch`` retries holders until one serves it)."""
+        that it holds none}; a peer that fails, is busy serving the blob or does not answer within ``timeout`` is
+        left out (that says nothing of what it holds). For a look at what each holds (a kept list of the run's
+        end), not a blob any one copy of will do (``fetch`` retries holders until one serves it)."""
         silent = object()
-        asked = self._each(sources, lambda peer, addrs: self._fetch(peer, name, max_bytes, addrs),
-                           timeout=timeout, what=f"ask {name}", failed=silent)
+        asked = self._each(sources, lambda peer, addrs: self._fetch(peer, name, max_bytes, addrs, busy_raises=True),
+                           deadline=time.monotonic() + timeout, what=f"ask {name}", failed=silent)
         return {peer: got for peer, got in asked if got is not silent}
 
     def fetch_many(self, jobs: list[tuple[list[tuple[str, list[str]]], str]], *, max_bytes: int, deadline: float,

@@ -108,8 +108,11 @@ def test_a_mix_of_adversaries_moves_no_honest_peer_and_counts_for_little(run_swa
         log = (run / f"peer-{i}.log").read_text()
         rows = metrics_of(summary, i)
         # the sybil votes: a move is a re-sync begun (the hash check's, the last round's) or a chain adopted;
-        # not the line that says its hash differs but its chain wins, so it stays
-        moved = log.count("re-syncing") + log.count("adopting theirs")
+        # not the line that says its hash differs but its chain wins, so it stays. Counted while it trains: after
+        # its last round a peer that lingers off the winning chain tries to adopt it every LOOK_S until an offer
+        # is found (Peer._linger, a line per try), and the sybils' keys have no vote there
+        training = log.split("run over; serving our state", 1)[0]
+        moved = training.count("re-syncing") + training.count("adopting theirs")
         assert moved <= rounds // 2 and p["resyncs"] <= rounds // 2, (f"peer-{i} was moved", moved, p["resyncs"])
         # the rules: each refused for its reason only, bounded by the ignore rule, never in a decided set
         for who, reason in refused.items():
@@ -134,7 +137,8 @@ def test_a_mix_of_adversaries_moves_no_honest_peer_and_counts_for_little(run_swa
     for bad in peers[7:]:
         counted, hashes = [], []
         for i in range(4):
-            rows = metrics_of(summary, i)
+            # a round redone after an adoption has two rows: the last one is what the peer's weights hold
+            rows = list({row["round"]: row for row in metrics_of(summary, i)}.values())
             counted.append(set(_counted(rows, bad["peer"])))
             hashes.append({row["round"]: row["hash"] for row in rows})
         # the rounds every honest peer applied itself (none re-synced past them) to the same weights: a round a

@@ -103,14 +103,13 @@ def kept_elsewhere(membership: Membership, transport: Transport, initial_peers: 
     the silent ones, so records missing from this look may be there all the same)."""
     sources: dict[str, list[str]] = {}
     for maddr in initial_peers:
-        peer = maddr.rsplit("/p2p/", 1)[-1] if "/p2p/" in maddr else ""
-        if peer and peer != transport.peer_id and peer not in transport.blocked:  # those never asked
-            sources.setdefault(peer, []).append(maddr)
+        if "/p2p/" in maddr:
+            sources.setdefault(maddr.rsplit("/p2p/", 1)[-1], []).append(maddr)
     if not sources or not authors:
         return [], True
     try:
-        blobs = transport.ask_each(list(sources.items()), kept_finished_name(membership.run_id),
-                                   max_bytes=KEPT_FINISHED_MAX * (FINISHED_MAX_BYTES + 8), timeout=FETCH_S)
+        blobs, whole = transport.ask_each(list(sources.items()), kept_finished_name(membership.run_id),
+                                          max_bytes=KEPT_FINISHED_MAX * (FINISHED_MAX_BYTES + 8), timeout=FETCH_S)
     except Exception as err:  # the transport's loop did not answer in time: this look goes by the DHT alone
         log.debug("kept 'finished' records not read: %r", err)
         return [], False
@@ -120,4 +119,4 @@ def kept_elsewhere(membership: Membership, transport: Transport, initial_peers: 
             out += _verified(membership, kept_finished_of(blob), authors) if blob is not None else []
         except RecordError:
             continue
-    return out, blobs.keys() >= sources.keys()
+    return out, whole

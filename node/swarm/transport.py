@@ -824,15 +824,17 @@ class Transport:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def ask_each(self, sources: list[tuple[str, list[str]]], name: str, *, max_bytes: int,
-                 timeout: float) -> dict[str, bytes | None]:
-        """Ask each of ``sources`` once, all at once, for blob ``name``: {peer: its bytes, or None when it answered
-        that it holds none}; a peer that fails, is busy serving the blob or does not answer within ``timeout`` is
-        left out (that says nothing of what it holds). For a look at what each holds (a kept list of the run's
-        end), not a blob any one copy of will do (``fetch`` retries holders until one serves it)."""
+                 timeout: float) -> tuple[dict[str, bytes | None], bool]:
+        """Ask each of ``sources`` (neither blocked nor this peer) once, all at once, for blob ``name``: {peer: its
+        bytes, or None when it answered that it holds none}, and whether every peer asked answered; one that fails,
+        is busy serving the blob or does not answer within ``timeout`` is left out (that says nothing of what it
+        holds). For a look at what each holds (a kept list of the run's end), not a blob any one copy of will do
+        (``fetch`` retries holders until one serves it)."""
         silent = object()
         asked = self._each(sources, lambda peer, addrs: self._fetch(peer, name, max_bytes, addrs, busy_raises=True),
                            deadline=time.monotonic() + timeout, what=f"ask {name}", failed=silent)
-        return {peer: got for peer, got in asked if got is not silent}
+        answers = {peer: got for peer, got in asked if got is not silent}
+        return answers, len(answers) == len(asked)
 
     def fetch_many(self, jobs: list[tuple[list[tuple[str, list[str]]], str]], *, max_bytes: int, deadline: float,
                    verify: Callable[[str, bytes], bool], stop: threading.Event | None = None) -> dict[str, bytes]:

@@ -108,7 +108,7 @@ def test_a_replayed_leaving_record_does_not_make_a_peer_leave(trio, monkeypatch:
     assert mc.bad_records.get(b.peer_id, 0) >= 1
 
 
-def test_a_peer_gets_a_bounded_number_of_streams_and_pushes(trio) -> None:
+def test_a_peer_gets_a_bounded_number_of_streams_and_pushes(trio, monkeypatch) -> None:
     """Streams held open without reading, and pushes beyond the quota or of another peer's update, are
     refused at once (swarm.max_streams_per_peer, swarm.pushes_per_round), and counted."""
     import asyncio
@@ -116,6 +116,9 @@ def test_a_peer_gets_a_bounded_number_of_streams_and_pushes(trio) -> None:
     from gradnode.node.swarm import transport as tr
 
     a, b, c = trio
+    # a reader that stops reading is dropped after _STALL_S: on a busy machine the fourth stream could open after
+    # the first was dropped, and take its slot; here the streams stay until b closes them
+    monkeypatch.setattr(tr, "_STALL_S", 600.0)
     for i in range(5):  # one blob per stream: a blob has its own upload slots (2)
         a.blobs.put(f"big{i}", bytes(4 << 20))
 

@@ -318,7 +318,12 @@ def revoke_cmd(peer_ids: list[str] = typer.Argument(..., metavar="PEER_ID...", h
         try:
             transport.start()
             gate = admission.Gate(genesis.run_id, authority.public_der, transport.now)
-            gate.take_revocations([raw for _, raw in transport.get(dht_key(genesis.run_id, "revocations"))])
+            # the list published replaces the one stored: a failed read must not drop the peers revoked before
+            listed = transport.read(dht_key(genesis.run_id, "revocations"), timeout=30.0)
+            if listed is None:
+                raise ValueError("the run's revocation list could not be read from the DHT, and a new one would "
+                                 "replace it without the peers revoked before; nothing was published: try again")
+            gate.take_revocations([raw for _, raw in listed])
             revoked = sorted(gate.revoked | set(peer_ids))
             rec = admission.revocation(authority, genesis.run_id, revoked, transport.now())
             Revocation.from_bytes(rec)  # malformed ids fail here, before anything is published

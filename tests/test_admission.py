@@ -134,7 +134,14 @@ def test_admit_from_the_command_line_and_a_peer_without_a_certificate_does_not_s
 
 
 @pytest.mark.swarm
-def test_revoke_from_the_command_line_reaches_the_running_run(keys, tmp_path: Path) -> None:
+def test_revoke_from_the_command_line_reaches_the_running_run(keys, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each revoke publishes the whole list, the peers revoked before included; one whose read of the list
+    failed publishes nothing (before, a failed read counted as no list, and the new one dropped them)."""
+    from typer.testing import CliRunner
+
+    from gradnode.node.cli import app
+
     key = tmp_path / "authority.key"
     key.write_bytes(keys["authority"].path.read_bytes())
     done = gradnode("run", "init", "--out", str(tmp_path / "run.json"), "--authority-key", str(key), *SETS)
@@ -148,6 +155,14 @@ def test_revoke_from_the_command_line_reaches_the_running_run(keys, tmp_path: Pa
             assert done.returncode == 0, done.stderr[-1500:]
         gate = Gate(run_id, keys["authority"].public_der, time.time)
         gate.take_revocations([raw for _, raw in peer.get(dht_key(run_id, "revocations"))])
+        assert gate.revoked == {keys["a"].peer_id, keys["b"].peer_id}
+        monkeypatch.setattr(Transport, "read", lambda self, *args, **kw: None)  # the DHT read fails
+        done = CliRunner().invoke(app, ["revoke", keys["c"].peer_id, "--genesis", str(tmp_path / "run.json"),
+                                        "--authority-key", str(key), "--initial-peer", peer.maddrs()[0]])
+        assert done.exit_code == 2 and "nothing was published" in done.output, done.output
+        monkeypatch.undo()
+        gate = Gate(run_id, keys["authority"].public_der, time.time)
+        gate.take_revocations([raw for _, raw in peer.get(dht_key(run_id, "revocations"), fresh=True)])
         assert gate.revoked == {keys["a"].peer_id, keys["b"].peer_id}
     finally:
         peer.close()

@@ -502,7 +502,7 @@ class Transport:
                 self.reads_shared += 1
                 return list(kept[1])
             self.dht_reads += 1
-        found = self._read(key, timeout, t0)
+        found = self.read(key, timeout, t0)
         if found is not None:
             with self._reads_lock:
                 if len(self._reads) >= 256:  # keys of past rounds (a read is given up after its timeout, 10 s)
@@ -511,8 +511,10 @@ class Transport:
                     self._reads[key] = (t0, found)
         return list(found or [])
 
-    def _read(self, key: str, timeout: float, t0: float) -> list[tuple[str | None, bytes]] | None:
-        """One DHT read of ``key``; None on failure."""
+    def read(self, key: str, timeout: float = 10.0, t0: float | None = None) -> list[tuple[str | None, bytes]] | None:
+        """One DHT read of ``key``, never shared: as ``get``, but None on failure (for a caller that must tell a
+        failed read from no record, such as one that rewrites the record from what it read)."""
+        t0 = time.monotonic() if t0 is None else t0
         try:
             with self._dht_lock:
                 fut = self._dht.get(key, latest=True, return_future=True)

@@ -97,6 +97,7 @@ def test_a_round_every_other_trainer_passed_is_given_up_not_waited_out(trio) -> 
     outcome, ended = _decide(g)
     assert outcome is None and ended == "passed by", ended
 
+    assert ma.publish(round_=19, **common) and mb.publish(round_=21, **common)  # live again, as above
     assert mb.write("reports", 16, Report(run_id=RUN, round=16, witness=b.peer_id, seed=SEED,
                                           included=pack([_update(b.peer_id)])))
     g = _agreement(mc, c.peer_id, [a.peer_id], witness=False, round_=16)

@@ -77,7 +77,8 @@ def test_a_peer_alone_waits_for_its_run_and_says_so(tmp_path: Path) -> None:
         initial = swarm.start_bootstrap()
         swarm.start_peer(0, initial, min_peers=2)
         log_path, end = tmp_path / "peer-0.log", time.monotonic() + 120
-        while time.monotonic() < end and "waiting for peers of run" not in log_path.read_text():
+        # the line of the wait for trainers (Peer._wait_for_peers), not the connect's retry that starts alike
+        while time.monotonic() < end and "swarm.min_peers=1 trains alone" not in log_path.read_text():
             time.sleep(0.5)
         text = log_path.read_text()
         assert "waiting for peers of run gradnode-tiny: 0 found via /ip4/127.0.0.1/" in text, text[-2000:]

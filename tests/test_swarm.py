@@ -48,7 +48,7 @@ def test_honest_peers_agree_bad_updates_are_rejected_and_diverged_peers_resync(r
         seen = [p["rejected_by_sender"].get(bad, {}) for p in peers[:4]]
         assert all(set(by) <= {"forged"} for by in seen) and sum(by.get("forged", 0) for by in seen) >= 1, seen
     rows = metrics_of(summary, 0)
-    assert all(corrupt not in row["senders"] and forger not in row["senders"] for row in rows[1:])
+    assert all(corrupt not in row["senders"] and forger not in row["senders"] for row in rows if row["round"] >= 1)
     # the other honest updates count (every round on an idle machine; how many depends on the load): some round
     others = {p["peer"] for p in peers[1:4]}
     assert any(others & set(row["senders"]) for row in rows), rows

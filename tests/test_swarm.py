@@ -276,8 +276,9 @@ def test_who_asks_whether_the_run_is_over_while_waiting_for_peers(tmp_path, monk
         peer.membership = SimpleNamespace(fresh=lambda max_age=0.5: members)
         asked: list[float] = []
 
-        def look() -> tuple[tuple[int, str] | None, bool]:
+        def look(wait_s: float) -> tuple[tuple[int, str] | None, bool]:
             asked.append(clock[0])
+            waits.append(wait_s)
             return (None, False) if 1 < len(asked) <= 1 + silent else (says, True)
 
         peer._ended_without_us = look
@@ -285,6 +286,7 @@ def test_who_asks_whether_the_run_is_over_while_waiting_for_peers(tmp_path, monk
         return peer, asked
 
     over = (10, "ab" * 16)
+    waits: list[float] = []  # how long each look waited for the initial peers' answers
     peer, asked = waited([4, 5], resumed=False, says=over)  # between rounds: no read, on it goes
     assert asked == [] and not peer.stop.is_set()
     peer, asked = waited([4, 5], resumed=True, says=None)  # resumed, the run goes on: one read, then training
@@ -296,5 +298,7 @@ def test_who_asks_whether_the_run_is_over_while_waiting_for_peers(tmp_path, monk
     # the second look unanswered by the bootstrap that keeps the records: it waits for a third (before, it trained)
     peer, asked = waited([4, 5], resumed=True, says=over, silent=1)
     assert len(asked) == 3 and peer.stop.is_set() and peer.run_over == over
+    waits.clear()
     peer, asked = waited([4, 5], resumed=True, says=over, silent=peer_module.UNSURE_LOOKS + 1)  # a dead initial peer
     assert len(asked) == 2 + peer_module.UNSURE_LOOKS and not peer.stop.is_set() and peer.run_over is None
+    assert waits == [5.0, 5.0, 10.0, 20.0][:len(asked)], waits  # each look after an unanswered one waits longer

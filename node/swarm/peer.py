@@ -68,7 +68,8 @@ CLOCK_CHECK_S = 60.0  # how often a peer pings a few others for their clocks (pr
 CLOCK_PEERS = 5  # peers pinged a check: up to 2 initial peers, the rest voting trainers in sight
 FINISHED_TTL_S = 7 * 86400.0  # how long a peer's 'finished' record outlives it (a peer back after the run's end)
 UNSURE_LOOKS = 2  # looks in a row that an initial peer did not answer and that found the run not over, taken as no
-# answer (the run's end kept by a silent bootstrap); one more goes by the records it read (a dead initial peer)
+# answer (the run's end kept by a silent bootstrap); one more goes by the records it read (a dead initial peer). Each
+# waits twice as long as the one before for the initial peers' answers (finished.FETCH_S, then 10 s, 20 s)
 HEARTBEAT_S = 10.0  # member record refresh and re-dialling of absent peers, at most this far apart
 DIAL_WINDOW_S = 6 * 3600.0  # address-book peers seen within this are re-dialled while absent
 # blobs served per round (updates, reports spelled out, decided sets, counted reports):
@@ -699,18 +700,19 @@ class Peer:
             log.warning("could not store this peer's 'finished' record")
         return rec.param_hash
 
-    def _ended_without_us(self) -> tuple[tuple[int, str] | None, bool]:
+    def _ended_without_us(self, wait_s: float = finished.FETCH_S) -> tuple[tuple[int, str] | None, bool]:
         """The run's end as its contributors told it (protocol/sync.py ``run_over``), for a waiting peer of a run
         that stops at a round (swarm.rounds; who asks: ``_wait_for_peers``); None when the run is not over for it.
         The records are the DHT's and those a bootstrap among the initial peers keeps (node/swarm/finished.py: a
         restarted one has none in its DHT); only ledger keys' are verified (a flood of other keys' costs nothing).
-        With it, whether every initial peer answered (``kept_elsewhere``): a None of a look some did not is no
-        answer."""
+        With it, whether every initial peer answered within ``wait_s`` (``kept_elsewhere``): a None of a look some
+        did not is no answer."""
         if not self.sw.rounds or self.engine is None or not self.engine.contributors:
             return None, True
         ledger = set(self.engine.contributors)
         now = self.transport.now()
-        kept, whole = finished.kept_elsewhere(self.membership, self.transport, self.sw.initial_peers, ledger)
+        kept, whole = finished.kept_elsewhere(self.membership, self.transport, self.sw.initial_peers, ledger,
+                                              timeout=wait_s)
         records = [*self.membership.read("finished", None, Finished, fresh=True, authors=ledger), *kept]
         newest = sync_rules.newest_per_key(((r.peer, r.time, (r.round, r.param_hash)) for r in records), now)
         told = {peer: (round_, hash_, t) for peer, (t, (round_, hash_)) in newest.items()}
@@ -800,7 +802,9 @@ class Peer:
             if not sync_rules.asks_if_over([m.round for m in others], enough, resumed, self.sw.rounds):
                 looks = unsure = 0
             elif time.monotonic() >= next_look:  # a look every 10 s; two say the run is over (not one read of the
-                found, whole = self._ended_without_us()  # members that came back empty)
+                # members that came back empty); each look after one an initial peer did not answer waits twice as
+                # long for it (a loaded bootstrap: 5, 10, 20 s)
+                found, whole = self._ended_without_us(finished.FETCH_S * 2 ** unsure)
                 if found is not None:
                     over, looks, unsure = found, looks + 1, 0
                 elif whole or unsure >= UNSURE_LOOKS:

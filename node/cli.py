@@ -299,7 +299,8 @@ def revoke_cmd(peer_ids: list[str] = typer.Argument(..., metavar="PEER_ID...", h
                genesis_file: Path = GenesisReq, authority_key: Path = AuthorityOpt,
                initial_peer: Optional[list[str]] = PeerOpt, verbose: bool = VerboseOpt) -> None:
     """Revoke admissions in a running permissioned run: publish a signed revocation list (the peers listed
-    before stay listed); every peer drops the revoked ones at its next read of the member list."""
+    before stay listed: those the run's DHT holds and those this authority key revoked here before, kept in
+    KEY.revoked.json); every peer drops the revoked ones at its next read of the member list."""
     import tempfile
 
     from gradnode.node.config import SwarmConfig
@@ -318,20 +319,46 @@ def revoke_cmd(peer_ids: list[str] = typer.Argument(..., metavar="PEER_ID...", h
         try:
             transport.start()
             gate = admission.Gate(genesis.run_id, authority.public_der, transport.now)
-            # the list published replaces the one stored: a failed read must not drop the peers revoked before
+            # the list published replaces the one stored: a failed read must not drop the peers revoked before, nor
+            # a read that found none (expired, a restarted bootstrap's empty DHT, a junk value in its place): the
+            # peers this key revoked before are kept beside it too
             listed = transport.read(dht_key(genesis.run_id, "revocations"), timeout=30.0)
             if listed is None:
                 raise ValueError("the run's revocation list could not be read from the DHT, and a new one would "
                                  "replace it without the peers revoked before; nothing was published: try again")
             gate.take_revocations([raw for _, raw in listed])
-            revoked = sorted(gate.revoked | set(peer_ids))
+            kept = _revoked_here(authority_key)
+            revoked = sorted(gate.revoked | set(kept.get(genesis.run_id, [])) | set(peer_ids))
             rec = admission.revocation(authority, genesis.run_id, revoked, transport.now())
             Revocation.from_bytes(rec)  # malformed ids fail here, before anything is published
             if not transport.store(dht_key(genesis.run_id, "revocations"), rec, ttl=30 * 86400):
                 raise ValueError("the revocation list could not be stored in the DHT; try again")
+            _keep_revoked(authority_key, {**kept, genesis.run_id: revoked})
         finally:
             transport.close()
     typer.echo(f"revoked in {genesis.run_id}: {len(revoked)} peer(s)")
+
+
+def _revoked_here(authority_key: Path) -> dict[str, list[str]]:
+    """{run id: the peers this authority key revoked}, as ``revoke`` kept them beside the key ({} if none)."""
+    path = authority_key.with_name(authority_key.name + ".revoked.json")
+    if not path.exists():
+        return {}
+    try:
+        kept = json.loads(path.read_text())
+        if isinstance(kept, dict) and all(isinstance(v, list) and all(isinstance(p, str) for p in v)
+                                          for v in kept.values()):
+            return kept
+    except (ValueError, UnicodeDecodeError):
+        pass
+    raise ValueError(f"{path} is not a list of revoked peers by run (revoke writes it): fix or remove it")
+
+
+def _keep_revoked(authority_key: Path, revoked: dict[str, list[str]]) -> None:
+    path = authority_key.with_name(authority_key.name + ".revoked.json")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(revoked, indent=1, sort_keys=True))
+    os.replace(tmp, path)
 
 
 # --- training alone ---

@@ -58,6 +58,8 @@ def test_the_gate_checks_signer_run_peer_expiry_and_revocation(keys) -> None:
     assert gate.why_not(a.peer_id, good) == "admission revoked"
     gate.take_revocations([admission.revocation(auth, RUN, [], now - 10)])  # an older list does not undo it
     assert gate.why_not(a.peer_id, good) == "admission revoked"
+    gate.take_revocations([admission.revocation(auth, RUN, [c.peer_id], now + 10)])  # nor a newer one without it
+    assert gate.why_not(a.peer_id, good) == "admission revoked" and gate.revoked == {a.peer_id, c.peer_id}
     assert Gate(RUN, None, lambda: now).why_not(c.peer_id, b"") is None  # an open run
 
 
@@ -137,7 +139,8 @@ def test_admit_from_the_command_line_and_a_peer_without_a_certificate_does_not_s
 def test_revoke_from_the_command_line_reaches_the_running_run(keys, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Each revoke publishes the whole list, the peers revoked before included; one whose read of the list
-    failed publishes nothing (before, a failed read counted as no list, and the new one dropped them)."""
+    failed publishes nothing (before, a failed read counted as no list, and the new one dropped them), and one
+    whose read found no list keeps those this key revoked before (KEY.revoked.json)."""
     from typer.testing import CliRunner
 
     from gradnode.node.cli import app
@@ -156,13 +159,18 @@ def test_revoke_from_the_command_line_reaches_the_running_run(keys, tmp_path: Pa
         gate = Gate(run_id, keys["authority"].public_der, time.time)
         gate.take_revocations([raw for _, raw in peer.get(dht_key(run_id, "revocations"))])
         assert gate.revoked == {keys["a"].peer_id, keys["b"].peer_id}
+        revoke_c = ["revoke", keys["c"].peer_id, "--genesis", str(tmp_path / "run.json"), "--authority-key", str(key),
+                    "--initial-peer", peer.maddrs()[0]]
+        monkeypatch.delenv("HIVEMIND_LOGLEVEL", raising=False)  # the command sets it: undone below
         monkeypatch.setattr(Transport, "read", lambda self, *args, **kw: None)  # the DHT read fails
-        done = CliRunner().invoke(app, ["revoke", keys["c"].peer_id, "--genesis", str(tmp_path / "run.json"),
-                                        "--authority-key", str(key), "--initial-peer", peer.maddrs()[0]])
+        done = CliRunner().invoke(app, revoke_c)
         assert done.exit_code == 2 and "nothing was published" in done.output, done.output
+        monkeypatch.setattr(Transport, "read", lambda self, *args, **kw: [])  # it finds no list (expired, say)
+        done = CliRunner().invoke(app, revoke_c)
+        assert done.exit_code == 0, done.output
         monkeypatch.undo()
         gate = Gate(run_id, keys["authority"].public_der, time.time)
         gate.take_revocations([raw for _, raw in peer.get(dht_key(run_id, "revocations"), fresh=True)])
-        assert gate.revoked == {keys["a"].peer_id, keys["b"].peer_id}
+        assert gate.revoked == {keys["a"].peer_id, keys["b"].peer_id, keys["c"].peer_id}
     finally:
         peer.close()

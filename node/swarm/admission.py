@@ -27,7 +27,6 @@ class Gate:
     def __init__(self, run_id: str, authority: bytes | None, now: Callable[[], float]) -> None:
         self.run_id, self.authority, self.now = run_id, authority, now
         self.revoked: frozenset[str] = frozenset()
-        self._revoked_at = -1.0
         self._lock = threading.Lock()
 
     @property
@@ -55,7 +54,9 @@ class Gate:
         return None
 
     def take_revocations(self, found: list[bytes]) -> None:
-        """Adopt the newest valid Revocation among ``found`` (raw records from the DHT)."""
+        """Add the peers of every valid Revocation among ``found`` (raw records from the DHT) to those revoked: a
+        revocation is never undone (no command undoes one), so a list the authority published without a peer it
+        revoked before (a revoke whose read of the stored list came back empty) re-admits nobody here."""
         if self.authority is None:
             return
         for raw in found:
@@ -66,10 +67,9 @@ class Gate:
             if rec.run_id != self.run_id or not verify(self.authority, rec.signing_bytes(), rec.signature):
                 continue
             with self._lock:
-                if rec.time > self._revoked_at:
-                    if set(rec.revoked) - self.revoked:
-                        log.warning("run authority revoked %d peer(s)", len(set(rec.revoked) - self.revoked))
-                    self.revoked, self._revoked_at = frozenset(rec.revoked), rec.time
+                if set(rec.revoked) - self.revoked:
+                    log.warning("run authority revoked %d peer(s)", len(set(rec.revoked) - self.revoked))
+                    self.revoked = self.revoked | frozenset(rec.revoked)
 
 
 def admit(authority: Identity, run_id: str, peer: str, expires: float) -> bytes:

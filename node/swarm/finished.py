@@ -32,7 +32,7 @@ from gradnode.protocol.records import (FINISHED_MAX_BYTES, KEPT_FINISHED_MAX, Fi
 log = logging.getLogger(__name__)
 
 FILE_NAME = "finished.msgpack"
-FETCH_S = 5.0  # how long a reader waits for its initial peers' kept lists (one look; a bootstrap down costs this)
+FETCH_S = 5.0  # how long a reader's first look waits for its initial peers' kept lists (a bootstrap down costs this)
 REFRESH_S = 15.0  # a bootstrap reads the DHT's 'finished' records this often (finishers linger: peer.py _linger)
 
 
@@ -95,10 +95,11 @@ class Kept:
 
 
 def kept_elsewhere(membership: Membership, transport: Transport, initial_peers: list[str],
-                   authors: Collection[str], timeout: float = FETCH_S) -> tuple[list[Finished], bool]:
+                   authors: Collection[str], timeout: float | None = None) -> tuple[list[Finished], bool]:
     """The 'finished' records of ``authors`` that this peer's initial peers keep (a bootstrap serves them; any other
     peer holds none), verified: every initial peer is asked once, all at once, and their lists are merged (one
-    that serves a short or junk list hides nobody else's); nothing from one that does not answer in ``timeout``.
+    that serves a short or junk list hides nobody else's); nothing from one that does not answer in ``timeout``
+    (``FETCH_S`` by default).
     With them, whether every initial peer asked answered (False: a bootstrap that keeps the run's end may be among
     the silent ones, so records missing from this look may be there all the same)."""
     sources: dict[str, list[str]] = {}
@@ -109,7 +110,8 @@ def kept_elsewhere(membership: Membership, transport: Transport, initial_peers: 
         return [], True
     try:
         blobs, whole = transport.ask_each(list(sources.items()), kept_finished_name(membership.run_id),
-                                          max_bytes=KEPT_FINISHED_MAX * (FINISHED_MAX_BYTES + 8), timeout=timeout)
+                                          max_bytes=KEPT_FINISHED_MAX * (FINISHED_MAX_BYTES + 8),
+                                          timeout=FETCH_S if timeout is None else timeout)
     except Exception as err:  # the transport's loop did not answer in time: this look goes by the DHT alone
         log.debug("kept 'finished' records not read: %r", err)
         return [], False

@@ -167,8 +167,9 @@ def _peer_id_ok(text: str) -> bool:
 
 
 def check_multiaddr(text: str, need_peer_id: bool = False) -> str:
-    """``text`` if it reads as a libp2p multiaddr (e.g. /ip4/1.2.3.4/tcp/31337/p2p/Qm...), else ValueError
-    naming what is wrong; ``need_peer_id``: it must end with /p2p/<peer id> (an address to dial)."""
+    """``text`` if it reads as a libp2p multiaddr (e.g. /ip4/1.2.3.4/tcp/31337/p2p/Qm...), a trailing /ipfs/ as
+    /p2p/, else ValueError naming what is wrong; ``need_peer_id``: it must end with /p2p/<peer id> (an address to
+    dial)."""
     parts = text.split("/")
     if not text.startswith("/") or len(parts) < 3:
         raise ValueError(f"{text!r} is not a multiaddr: write it like /ip4/1.2.3.4/tcp/31337/p2p/Qm...")
@@ -187,6 +188,9 @@ def check_multiaddr(text: str, need_peer_id: bool = False) -> str:
     if need_peer_id and last not in ("p2p", "ipfs"):
         raise ValueError(f"{text!r} has no peer id: a peer's address ends with /p2p/<its peer id>, as "
                          "`gradnode bootstrap` prints it")
+    if last == "ipfs":  # the old name of /p2p/: one spelling, so that every reader finds the peer id after /p2p/
+        head, _, peer = text.rpartition("/ipfs/")
+        return f"{head}/p2p/{peer}"
     return text
 
 

@@ -43,3 +43,13 @@ def test_gpu_presets_are_big():
 def test_errors_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config(None, override)
+
+
+def test_a_peer_address_in_the_old_ipfs_spelling_reads_as_p2p():
+    """/ipfs/<peer id> is the old name of /p2p/<peer id>: taken, and spelt /p2p/ (the peer id is read after /p2p/:
+    such an initial peer was never asked for the run's end, and the look said every initial peer answered)."""
+    from gradnode.node.config import SwarmConfig
+
+    peer = "QmPfdnRfXQjaUEhjxNMWbJt3AbhTYAsXFGb9oSrGUeQ1ad"
+    sw = SwarmConfig(initial_peers=[f"/ip4/1.2.3.4/tcp/31337/ipfs/{peer}", f"/ip4/1.2.3.4/tcp/31338/p2p/{peer}"])
+    assert sw.initial_peers == [f"/ip4/1.2.3.4/tcp/31337/p2p/{peer}", f"/ip4/1.2.3.4/tcp/31338/p2p/{peer}"]

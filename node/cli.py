@@ -300,13 +300,15 @@ def revoke_cmd(peer_ids: list[str] = typer.Argument(..., metavar="PEER_ID...", h
                initial_peer: Optional[list[str]] = PeerOpt, verbose: bool = VerboseOpt) -> None:
     """Revoke admissions in a running permissioned run: publish a signed revocation list (the peers listed
     before stay listed: those the run's DHT holds and those this authority key revoked here before, kept in
-    KEY.revoked.json); every peer drops the revoked ones at its next read of the member list."""
+    KEY.revoked.json); every peer drops the revoked ones at its next read of the member list. A revocation is
+    never undone: a peer revoked by mistake joins again with a new key and a new certificate (`gradnode admit`)."""
+    import fcntl
     import tempfile
 
-    from gradnode.node.config import SwarmConfig
+    from gradnode.node.config import SwarmConfig, peer_id_ok
     from gradnode.node.swarm import admission
     from gradnode.node.swarm.transport import Transport
-    from gradnode.protocol.records import Revocation, dht_key
+    from gradnode.protocol.records import REVOKED_MAX, dht_key
 
     _setup_logging(verbose)
     logging.getLogger().setLevel(logging.DEBUG if verbose else logging.WARNING)
@@ -314,48 +316,59 @@ def revoke_cmd(peer_ids: list[str] = typer.Argument(..., metavar="PEER_ID...", h
         genesis, authority = _authority(genesis_file, authority_key)
         if not initial_peer:
             raise ValueError("revoke needs --initial-peer (a peer of the run)")
+        bad = [p for p in peer_ids if not peer_id_ok(p)]
+        if bad:
+            raise ValueError(f"not a peer id: {', '.join(map(repr, bad))}")
         sw = SwarmConfig(client_mode=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=list(initial_peer))
-        transport = Transport(sw, authority)
-        try:
-            transport.start()
-            gate = admission.Gate(genesis.run_id, authority.public_der, transport.now)
-            # the list published replaces the one stored: a failed read must not drop the peers revoked before, nor
-            # a read that found none (expired, a restarted bootstrap's empty DHT, a junk value in its place): the
-            # peers this key revoked before are kept beside it too
-            listed = transport.read(dht_key(genesis.run_id, "revocations"), timeout=30.0)
-            if listed is None:
-                raise ValueError("the run's revocation list could not be read from the DHT, and a new one would "
-                                 "replace it without the peers revoked before; nothing was published: try again")
-            gate.take_revocations([raw for _, raw in listed])
-            kept = _revoked_here(authority_key)
-            revoked = sorted(gate.revoked | set(kept.get(genesis.run_id, [])) | set(peer_ids))
-            rec = admission.revocation(authority, genesis.run_id, revoked, transport.now())
-            Revocation.from_bytes(rec)  # malformed ids fail here, before anything is published
-            if not transport.store(dht_key(genesis.run_id, "revocations"), rec, ttl=30 * 86400):
-                raise ValueError("the revocation list could not be stored in the DHT; try again")
-            _keep_revoked(authority_key, {**kept, genesis.run_id: revoked})
-        finally:
-            transport.close()
+        here = authority_key.with_name(authority_key.name + ".revoked.json")
+        # one revoke at a time with this key: two at once would each publish the list without the other's peer
+        with open(here.with_name(here.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            kept = _revoked_here(here)  # a broken file fails here, before anything is asked or published
+            transport = Transport(sw, authority)
+            try:
+                transport.start()
+                gate = admission.Gate(genesis.run_id, authority.public_der, transport.now)
+                # the list published replaces the one stored: a failed read must not drop the peers revoked before,
+                # nor a read that found none (expired, a restarted bootstrap's empty DHT, a junk value in its place):
+                # the peers this key revoked before are kept beside it too
+                listed = transport.read(dht_key(genesis.run_id, "revocations"), timeout=30.0)
+                if listed is None:
+                    raise ValueError("the run's revocation list could not be read from the DHT, and a new one would "
+                                     "replace it without the peers revoked before; nothing was published: try again")
+                gate.take_revocations([raw for _, raw in listed])
+                revoked = sorted(gate.revoked | set(kept.get(genesis.run_id, [])) | set(peer_ids))
+                if len(revoked) > REVOKED_MAX:
+                    raise ValueError(f"a revocation list holds at most {REVOKED_MAX} peers ({len(revoked)} with "
+                                     "these): a run that must shut out more needs a new genesis")
+                rec = admission.revocation(authority, genesis.run_id, revoked, transport.now())  # ids checked here
+                # kept before it is published: revocations add up, so one kept whose publishing failed goes out
+                # with the next revoke, and a folder that cannot be written fails before anything is published
+                _keep_revoked(here, {**kept, genesis.run_id: revoked})
+                if not transport.store(dht_key(genesis.run_id, "revocations"), rec, ttl=30 * 86400):
+                    raise ValueError("the revocation list could not be stored in the DHT; try again")
+            finally:
+                transport.close()
     typer.echo(f"revoked in {genesis.run_id}: {len(revoked)} peer(s)")
 
 
-def _revoked_here(authority_key: Path) -> dict[str, list[str]]:
-    """{run id: the peers this authority key revoked}, as ``revoke`` kept them beside the key ({} if none)."""
-    path = authority_key.with_name(authority_key.name + ".revoked.json")
+def _revoked_here(path: Path) -> dict[str, list[str]]:
+    """{run id: the peers an authority key revoked}, as ``revoke`` keeps them beside the key ({} if none)."""
+    from gradnode.node.config import peer_id_ok
+
     if not path.exists():
         return {}
     try:
         kept = json.loads(path.read_text())
-        if isinstance(kept, dict) and all(isinstance(v, list) and all(isinstance(p, str) for p in v)
+        if isinstance(kept, dict) and all(isinstance(v, list) and all(isinstance(p, str) and peer_id_ok(p) for p in v)
                                           for v in kept.values()):
             return kept
     except (ValueError, UnicodeDecodeError):
         pass
-    raise ValueError(f"{path} is not a list of revoked peers by run (revoke writes it): fix or remove it")
+    raise ValueError(f"{path} is not a list of revoked peer ids by run (revoke writes it): fix or remove it")
 
 
-def _keep_revoked(authority_key: Path, revoked: dict[str, list[str]]) -> None:
-    path = authority_key.with_name(authority_key.name + ".revoked.json")
+def _keep_revoked(path: Path, revoked: dict[str, list[str]]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(revoked, indent=1, sort_keys=True))
     os.replace(tmp, path)

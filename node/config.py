@@ -155,7 +155,7 @@ _MADDR_ARGS = {"ip4": "ip4", "ip6": "ip6", "dns": "host", "dns4": "host", "dns6"
                "p2p-circuit": None, "tls": None, "noise": None}
 
 
-def _peer_id_ok(text: str) -> bool:
+def peer_id_ok(text: str) -> bool:
     """A base58 multihash of 34 bytes (sha2-256, RSA keys: Qm...) or an identity multihash (ed25519 keys)."""
     if not 30 <= len(text) <= 64 or any(c not in _B58 for c in text):
         return False
@@ -203,7 +203,7 @@ def _ip(value: str, version: int) -> bool:
 
 _MADDR_VALUE = {"ip4": lambda v: _ip(v, 4), "ip6": lambda v: _ip(v, 6),
                 "port": lambda v: v.isdigit() and int(v) < 65536,
-                "host": lambda v: re.fullmatch(r"[A-Za-z0-9.-]{1,253}", v) is not None, "peer": _peer_id_ok}
+                "host": lambda v: re.fullmatch(r"[A-Za-z0-9.-]{1,253}", v) is not None, "peer": peer_id_ok}
 
 
 class SwarmConfig(_Section):

@@ -166,12 +166,16 @@ class Admission(Record):
     expires: float = Field(ge=0.0, le=1e11)
 
 
+REVOKED_MAX = 256  # peers in one revocation list
+
+
 class Revocation(Record):
-    """The run authority withdraws admissions: every peer listed here is out, whatever its certificate.
-    The newest list (by ``time``) signed by the authority holds."""
+    """The run authority withdraws admissions: every peer listed here is out, whatever its certificate. Lists
+    add up: a peer named in any list the authority signed for the run is out for good (``time``: when it was
+    signed, for people; the newest list holds every peer of those before it, as ``gradnode revoke`` writes it)."""
 
     kind: ClassVar[str] = "revocation"
-    revoked: list[PeerId] = Field(max_length=256)
+    revoked: list[PeerId] = Field(max_length=REVOKED_MAX)
     time: float = Field(ge=0.0, le=1e11)
 
 

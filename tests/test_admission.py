@@ -172,5 +172,12 @@ def test_revoke_from_the_command_line_reaches_the_running_run(keys, tmp_path: Pa
         gate = Gate(run_id, keys["authority"].public_der, time.time)
         gate.take_revocations([raw for _, raw in peer.get(dht_key(run_id, "revocations"), fresh=True)])
         assert gate.revoked == {keys["a"].peer_id, keys["b"].peer_id, keys["c"].peer_id}
+        # what cannot be published fails before anything is asked: a junk id, a broken file of kept revocations
+        monkeypatch.delenv("HIVEMIND_LOGLEVEL", raising=False)
+        done = CliRunner().invoke(app, [*revoke_c[:1], "QmNotAPeerId", *revoke_c[2:]])
+        assert done.exit_code == 2 and "not a peer id: 'QmNotAPeerId'" in done.output, done.output
+        (tmp_path / "authority.key.revoked.json").write_text('{"run": ["QmNotAPeerId"]}')
+        done = CliRunner().invoke(app, revoke_c)
+        assert done.exit_code == 2 and "authority.key.revoked.json is not a list" in done.output, done.output
     finally:
         peer.close()

@@ -188,7 +188,7 @@ def check_multiaddr(text: str, need_peer_id: bool = False) -> str:
     if need_peer_id and last not in ("p2p", "ipfs"):
         raise ValueError(f"{text!r} has no peer id: a peer's address ends with /p2p/<its peer id>, as "
                          "`gradnode bootstrap` prints it")
-    if last == "ipfs":  # the old name of /p2p/: one spelling, so that every reader finds the peer id after /p2p/
+    if last == "ipfs":  # the old name of /p2p/: the peer's own id, which every reader takes after the last /p2p/
         head, _, peer = text.rpartition("/ipfs/")
         return f"{head}/p2p/{peer}"
     return text

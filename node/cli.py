@@ -26,7 +26,7 @@ from rich.console import Console
 from typer.core import TyperCommand, TyperGroup
 
 from gradnode.node import __version__
-from gradnode.node.config import Config, ConfigError, load_config, parse_override
+from gradnode.node.config import Config, ConfigError, load_config, parse_override, peer_id_ok
 
 ERR = Console(stderr=True)  # logs, progress bars and live views share it, so they never break each other
 
@@ -300,12 +300,12 @@ def revoke_cmd(peer_ids: list[str] = typer.Argument(..., metavar="PEER_ID...", h
                initial_peer: Optional[list[str]] = PeerOpt, verbose: bool = VerboseOpt) -> None:
     """Revoke admissions in a running permissioned run: publish a signed revocation list (the peers listed
     before stay listed: those the run's DHT holds and those this authority key revoked here before, kept in
-    KEY.revoked.json); every peer drops the revoked ones at its next read of the member list. A revocation is
+    KEY.revoked.json, with KEY.revoked.json.lock beside it); every peer drops the revoked ones at its next read of the member list. A revocation is
     never undone: a peer revoked by mistake joins again with a new key and a new certificate (`gradnode admit`)."""
     import fcntl
     import tempfile
 
-    from gradnode.node.config import SwarmConfig, peer_id_ok
+    from gradnode.node.config import SwarmConfig
     from gradnode.node.swarm import admission
     from gradnode.node.swarm.transport import Transport
     from gradnode.protocol.records import REVOKED_MAX, dht_key
@@ -354,8 +354,6 @@ def revoke_cmd(peer_ids: list[str] = typer.Argument(..., metavar="PEER_ID...", h
 
 def _revoked_here(path: Path) -> dict[str, list[str]]:
     """{run id: the peers an authority key revoked}, as ``revoke`` keeps them beside the key ({} if none)."""
-    from gradnode.node.config import peer_id_ok
-
     if not path.exists():
         return {}
     try:

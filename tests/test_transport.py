@@ -466,3 +466,39 @@ def test_a_bootstrap_serves_the_finished_records_it_keeps_and_a_junk_list_hides_
     finally:
         a.upload_slots = slots
     assert Kept(ma, a, tmp_path / "finished.msgpack", ttl=86400.0).records == kept.records  # as a restart reads it
+
+
+def test_a_bootstrap_whose_address_book_is_gone_waits_for_its_port_to_come_free(tmp_path: Path, monkeypatch) -> None:
+    """A bootstrap restarted on its port tries its address book first; nobody answering, its daemon exits on its own
+    and it starts again without initial peers. The second start waits for the port the first daemon listened on
+    (a loaded machine: seen as 'the port is in use' in the peers-back test, the bootstrap stopped). The first try is
+    played by a socket that listens on the port and closes 0.5 s after the try failed; the second is the real
+    start's first step, the check that the port is free."""
+    import socket
+
+    port = _free_port()
+    t = Transport(SwarmConfig(host_maddrs=[f"/ip4/127.0.0.1/tcp/{port}"]), load_or_create(tmp_path / "boot.key"))
+    tries: list[list[str]] = []
+
+    def start(timeout: float, initial: list[str]) -> None:
+        tries.append(initial)
+        if initial:  # the address book's try: its daemon holds the port a moment after it failed
+            held = socket.socket()
+            held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            held.bind(("127.0.0.1", port))
+            held.listen()
+            threading.Timer(0.5, held.close).start()
+            raise TransportError("no initial peer answered", unanswered=True)
+        transport._check_ports_free(list(t.cfg.host_maddrs))
+
+    monkeypatch.setattr(t, "_start", start)
+    t.start(extra_peers=["/ip4/127.0.0.1/tcp/9/p2p/QmPfdnRfXQjaUEhjxNMWbJt3AbhTYAsXFGb9oSrGUeQ1ad"])
+    assert tries == [["/ip4/127.0.0.1/tcp/9/p2p/QmPfdnRfXQjaUEhjxNMWbJt3AbhTYAsXFGb9oSrGUeQ1ad"], []]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -146,6 +146,9 @@ def explain_start_failure(err: BaseException, initial: list[str], hosts: list[st
     return f"the libp2p daemon did not start: {text.strip().splitlines()[-1] if text.strip() else type(err).__name__}"
 
 
+PORT_FREED_S = 10.0  # how long a second start waits for the port its failed first try's daemon listened on
+
+
 def _check_ports_free(hosts: list[str]) -> None:
     """TransportError at once for a fixed TCP port another process listens on (``/ip4/A/tcp/P``, P > 0)."""
     import socket
@@ -335,6 +338,19 @@ class Transport:
             if self.cfg.initial_peers or not extra_peers:
                 raise
             log.warning("nobody in the address book answered; starting without initial peers")
+            # the daemon of that try listened on our port and exits on its own once it said so: the port comes
+            # free a moment later (on a loaded machine the new daemon's check came first, and a restarted
+            # bootstrap whose address book's peers were all gone stopped, 'the port is in use')
+            hosts = [] if self.cfg.client_mode else list(self.cfg.host_maddrs)
+            end = time.monotonic() + PORT_FREED_S
+            while True:
+                try:
+                    _check_ports_free(hosts)
+                    break
+                except TransportError:
+                    if time.monotonic() >= end:
+                        raise
+                    time.sleep(0.1)
             self._start(timeout, [])
 
     def _start(self, timeout: float, initial: list[str]) -> None:

@@ -300,8 +300,9 @@ def revoke_cmd(peer_ids: list[str] = typer.Argument(..., metavar="PEER_ID...", h
                initial_peer: Optional[list[str]] = PeerOpt, verbose: bool = VerboseOpt) -> None:
     """Revoke admissions in a running permissioned run: publish a signed revocation list (the peers listed
     before stay listed: those the run's DHT holds and those this authority key revoked here before, kept in
-    KEY.revoked.json, with KEY.revoked.json.lock beside it); every peer drops the revoked ones at its next read of the member list. A revocation is
-    never undone: a peer revoked by mistake joins again with a new key and a new certificate (`gradnode admit`)."""
+    KEY.revoked.json, with KEY.revoked.json.lock beside it); every peer drops the revoked ones at its next read
+    of the member list. A revocation is never undone: a peer revoked by mistake joins again with a new key and a
+    new certificate (`gradnode admit`)."""
     import fcntl
     import tempfile
 

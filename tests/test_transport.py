@@ -473,14 +473,16 @@ def test_a_bootstrap_whose_address_book_is_gone_waits_for_its_port_to_come_free(
     and it starts again without initial peers. The second start waits for the port the first daemon listened on
     (a loaded machine: seen as 'the port is in use' in the peers-back test, the bootstrap stopped). The first try is
     played by a socket that listens on the port and closes 0.5 s after the try failed; the second is the real
-    start's first step, the check that the port is free."""
+    start's first step, the check that the port is free (for as long as it is told to wait)."""
     import socket
 
-    port = _free_port()
+    from gradnode.node.sim.simulate import _free_port
+
+    port = _free_port("127.0.0.1")
     t = Transport(SwarmConfig(host_maddrs=[f"/ip4/127.0.0.1/tcp/{port}"]), load_or_create(tmp_path / "boot.key"))
     tries: list[list[str]] = []
 
-    def start(timeout: float, initial: list[str]) -> None:
+    def start(timeout: float, initial: list[str], port_wait_s: float = 0.0) -> None:
         tries.append(initial)
         if initial:  # the address book's try: its daemon holds the port a moment after it failed
             held = socket.socket()
@@ -489,16 +491,8 @@ def test_a_bootstrap_whose_address_book_is_gone_waits_for_its_port_to_come_free(
             held.listen()
             threading.Timer(0.5, held.close).start()
             raise TransportError("no initial peer answered", unanswered=True)
-        transport._check_ports_free(list(t.cfg.host_maddrs))
+        transport._check_ports_free(list(t.cfg.host_maddrs), port_wait_s)
 
     monkeypatch.setattr(t, "_start", start)
     t.start(extra_peers=["/ip4/127.0.0.1/tcp/9/p2p/QmPfdnRfXQjaUEhjxNMWbJt3AbhTYAsXFGb9oSrGUeQ1ad"])
     assert tries == [["/ip4/127.0.0.1/tcp/9/p2p/QmPfdnRfXQjaUEhjxNMWbJt3AbhTYAsXFGb9oSrGUeQ1ad"], []]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

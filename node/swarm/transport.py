@@ -149,8 +149,21 @@ def explain_start_failure(err: BaseException, initial: list[str], hosts: list[st
 PORT_FREED_S = 10.0  # how long a second start waits for the port its failed first try's daemon listened on
 
 
-def _check_ports_free(hosts: list[str]) -> None:
-    """TransportError at once for a fixed TCP port another process listens on (``/ip4/A/tcp/P``, P > 0)."""
+def _check_ports_free(hosts: list[str], wait_s: float = 0.0) -> None:
+    """TransportError for a fixed TCP port another process listens on (``/ip4/A/tcp/P``, P > 0): at once, or once
+    it has not come free within ``wait_s``."""
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            _check_ports_free_now(hosts)
+            return
+        except TransportError:
+            if time.monotonic() >= end:
+                raise
+            time.sleep(0.1)
+
+
+def _check_ports_free_now(hosts: list[str]) -> None:
     import socket
 
     for maddr in hosts:
@@ -341,19 +354,9 @@ class Transport:
             # the daemon of that try listened on our port and exits on its own once it said so: the port comes
             # free a moment later (on a loaded machine the new daemon's check came first, and a restarted
             # bootstrap whose address book's peers were all gone stopped, 'the port is in use')
-            hosts = [] if self.cfg.client_mode else list(self.cfg.host_maddrs)
-            end = time.monotonic() + PORT_FREED_S
-            while True:
-                try:
-                    _check_ports_free(hosts)
-                    break
-                except TransportError:
-                    if time.monotonic() >= end:
-                        raise
-                    time.sleep(0.1)
-            self._start(timeout, [])
+            self._start(timeout, [], port_wait_s=PORT_FREED_S)
 
-    def _start(self, timeout: float, initial: list[str]) -> None:
+    def _start(self, timeout: float, initial: list[str], port_wait_s: float = 0.0) -> None:
         key = _hivemind_key(self.identity)
         self._validator = _ManyKeys(key, {i.peer_id: _hivemind_key(i) for i in self.signs_for}) if self.signs_for \
             else RSASignatureValidator(key)
@@ -362,7 +365,7 @@ class Transport:
         # the daemon's unix sockets go to a folder of our own in the temp folder (TMPDIR; hivemind's default
         # is /tmp itself), removed on close and after a failed start; `simulate` sets TMPDIR to one folder
         # per run, removed at its end, so that peers killed with -9 leave nothing behind either
-        _check_ports_free(hosts)  # the daemon would only say so after its whole startup timeout
+        _check_ports_free(hosts, port_wait_s)  # the daemon would only say so after its whole startup timeout
         with socket_folder() as self._sockdir:
             try:
                 self._dht = self._start_dht(initial, hosts, timeout)

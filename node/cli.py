@@ -25,7 +25,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperCommand, TyperGroup
 
-from gradnode.node import __version__
+from gradnode.node import __version__, write_json
 from gradnode.node.config import Config, ConfigError, load_config, parse_override, peer_id_ok
 
 ERR = Console(stderr=True)  # logs, progress bars and live views share it, so they never break each other
@@ -345,7 +345,7 @@ def revoke_cmd(peer_ids: list[str] = typer.Argument(..., metavar="PEER_ID...", h
                 rec = admission.revocation(authority, genesis.run_id, revoked, transport.now())  # ids checked here
                 # kept before it is published: revocations add up, so one kept whose publishing failed goes out
                 # with the next revoke, and a folder that cannot be written fails before anything is published
-                _keep_revoked(here, {**kept, genesis.run_id: revoked})
+                write_json(here, {**kept, genesis.run_id: revoked}, indent=1)
                 if not transport.store(dht_key(genesis.run_id, "revocations"), rec, ttl=30 * 86400):
                     raise ValueError("the revocation list could not be stored in the DHT; try again")
             finally:
@@ -365,12 +365,6 @@ def _revoked_here(path: Path) -> dict[str, list[str]]:
     except (ValueError, UnicodeDecodeError):
         pass
     raise ValueError(f"{path} is not a list of revoked peer ids by run (revoke writes it): fix or remove it")
-
-
-def _keep_revoked(path: Path, revoked: dict[str, list[str]]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(revoked, indent=1, sort_keys=True))
-    os.replace(tmp, path)
 
 
 # --- training alone ---

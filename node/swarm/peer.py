@@ -700,13 +700,13 @@ class Peer:
             log.warning("could not store this peer's 'finished' record")
         return rec.param_hash
 
-    def _ended_without_us(self, wait_s: float | None = None) -> tuple[tuple[int, str] | None, bool]:
+    def _ended_without_us(self, wait_s: float) -> tuple[tuple[int, str] | None, bool]:
         """The run's end as its contributors told it (protocol/sync.py ``run_over``), for a waiting peer of a run
         that stops at a round (swarm.rounds; who asks: ``_wait_for_peers``); None when the run is not over for it.
         The records are the DHT's and those a bootstrap among the initial peers keeps (node/swarm/finished.py: a
         restarted one has none in its DHT); only ledger keys' are verified (a flood of other keys' costs nothing).
-        With it, whether every initial peer answered within ``wait_s`` (``kept_elsewhere``, ``finished.FETCH_S``
-        by default): a None of a look some did not is no answer."""
+        With it, whether every initial peer answered within ``wait_s`` (``kept_elsewhere``): a None of a look some
+        did not is no answer."""
         if not self.sw.rounds or self.engine is None or not self.engine.contributors:
             return None, True
         ledger = set(self.engine.contributors)

@@ -29,6 +29,7 @@ from gradnode.node import __version__, write_json
 from gradnode.node.config import Config, ConfigError, load_config, parse_override, peer_id_ok
 
 ERR = Console(stderr=True)  # logs, progress bars and live views share it, so they never break each other
+REVOKE_TTL_S = 30 * 86400.0  # how long the DHT keeps a revocation list `revoke` stores (a bootstrap keeps it longer)
 
 
 class _TidyHelp:
@@ -301,8 +302,9 @@ def revoke_cmd(peer_ids: list[str] = typer.Argument(..., metavar="PEER_ID...", h
     """Revoke admissions in a running permissioned run: publish a signed revocation list (the peers listed
     before stay listed: those the run's DHT holds and those this authority key revoked here before, kept in
     KEY.revoked.json, with KEY.revoked.json.lock beside it); every peer drops the revoked ones at its next read
-    of the member list. A revocation is never undone: a peer revoked by mistake joins again with a new key and a
-    new certificate (`gradnode admit`)."""
+    of the member list, and a bootstrap keeps the lists in its run folder (stored in the DHT again after it restarts).
+    A revocation is never undone: a peer revoked by mistake joins again with a new key and a new certificate
+    (`gradnode admit`)."""
     import fcntl
     import tempfile
 
@@ -337,7 +339,11 @@ def revoke_cmd(peer_ids: list[str] = typer.Argument(..., metavar="PEER_ID...", h
                 if listed is None:
                     raise ValueError("the run's revocation list could not be read from the DHT, and a new one would "
                                      "replace it without the peers revoked before; nothing was published: try again")
-                gate.take_revocations([raw for _, raw in listed])
+                valid = {raw: rec for rec, raw in gate.take_revocations([raw for _, raw in listed])}
+                # hivemind keeps the later of two expirations under one key: over a list this key stored from a clock
+                # ahead of this one (another machine's), a store of now + 30 days failed for good: it outlives that one
+                stored = [valid[raw].time for owner, raw in listed if owner == authority.peer_id and raw in valid]
+                ttl = max([REVOKE_TTL_S, *(t + REVOKE_TTL_S + 1.0 - transport.now() for t in stored)])
                 revoked = sorted(gate.revoked | set(kept.get(genesis.run_id, [])) | set(peer_ids))
                 if len(revoked) > REVOKED_MAX:
                     raise ValueError(f"a revocation list holds at most {REVOKED_MAX} peers ({len(revoked)} with "
@@ -346,7 +352,7 @@ def revoke_cmd(peer_ids: list[str] = typer.Argument(..., metavar="PEER_ID...", h
                 # kept before it is published: revocations add up, so one kept whose publishing failed goes out
                 # with the next revoke, and a folder that cannot be written fails before anything is published
                 write_json(here, {**kept, genesis.run_id: revoked}, indent=1)
-                if not transport.store(dht_key(genesis.run_id, "revocations"), rec, ttl=30 * 86400):
+                if not transport.store(dht_key(genesis.run_id, "revocations"), rec, ttl=ttl):
                     raise ValueError("the revocation list could not be stored in the DHT; try again")
             finally:
                 transport.close()

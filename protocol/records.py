@@ -304,31 +304,44 @@ def state_chunk_name(run_id: str, round_: int, digest: str) -> str:
 
 KEPT_FINISHED_MAX = 1024  # 'finished' records in one kept list (a bootstrap's: node/swarm/finished.py)
 FINISHED_MAX_BYTES = 2048  # one signed 'finished' record (an RSA-2048 key and signature: about 700 bytes)
+KEPT_REVOCATIONS_MAX = 8  # signed revocation lists a bootstrap keeps (node/swarm/admission.py KeptRevocations)
+REVOCATION_MAX_BYTES = 24 * 1024  # one signed list: REVOKED_MAX ids of up to 64 characters, the signature
 
 
 def kept_finished_name(run_id: str) -> str:
-    """Blob under which a bootstrap serves the 'finished' records of its run it keeps (``kept_finished_blob``)."""
+    """Blob under which a bootstrap serves the 'finished' records of its run it keeps (``kept_blob``)."""
     return f"f/{run_id}"
 
 
-def kept_finished_blob(raws: Iterable[bytes]) -> bytes:
-    """The msgpack list of signed 'finished' records, each as its author stored it (verified on its own key)."""
+def kept_blob(raws: Iterable[bytes]) -> bytes:
+    """The msgpack list of signed records, each as its author stored it (verified by the reader): what a bootstrap
+    keeps of the run's end and of its revocations."""
     return msgpack.packb(list(raws), use_bin_type=True)
 
 
-def kept_finished_of(blob: bytes) -> list[bytes]:
-    """The records of a kept list, unverified; RecordError for anything but a list of at most
-    ``KEPT_FINISHED_MAX`` byte strings of at most ``FINISHED_MAX_BYTES`` each."""
-    if not isinstance(blob, bytes) or len(blob) > KEPT_FINISHED_MAX * (FINISHED_MAX_BYTES + 8):
-        raise RecordError("kept 'finished' list missing or too large")
+def _kept_of(blob: bytes, what: str, most: int, each: int) -> list[bytes]:
+    """The records of a kept list, unverified; RecordError for anything but a list of at most ``most`` byte strings
+    of at most ``each`` bytes."""
+    if not isinstance(blob, bytes) or len(blob) > most * (each + 8):
+        raise RecordError(f"kept {what} missing or too large")
     try:
-        raws = msgpack.unpackb(blob, raw=False, use_list=True, max_array_len=KEPT_FINISHED_MAX,
-                               max_bin_len=FINISHED_MAX_BYTES, max_str_len=0, max_map_len=0, max_ext_len=0)
+        raws = msgpack.unpackb(blob, raw=False, use_list=True, max_array_len=most, max_bin_len=each,
+                               max_str_len=0, max_map_len=0, max_ext_len=0)
     except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as err:
-        raise RecordError(f"undecodable kept 'finished' list: {err}") from None
+        raise RecordError(f"undecodable kept {what}: {err}") from None
     if not isinstance(raws, list) or not all(isinstance(r, bytes) for r in raws):
-        raise RecordError("a kept 'finished' list holds byte strings only")
+        raise RecordError(f"kept {what} hold byte strings only")
     return raws
+
+
+def kept_finished_of(blob: bytes) -> list[bytes]:
+    """A kept list of 'finished' records: at most ``KEPT_FINISHED_MAX`` of ``FINISHED_MAX_BYTES`` each."""
+    return _kept_of(blob, "'finished' records", KEPT_FINISHED_MAX, FINISHED_MAX_BYTES)
+
+
+def kept_revocations_of(blob: bytes) -> list[bytes]:
+    """A kept list of revocation lists: at most ``KEPT_REVOCATIONS_MAX`` of ``REVOCATION_MAX_BYTES`` each."""
+    return _kept_of(blob, "revocation lists", KEPT_REVOCATIONS_MAX, REVOCATION_MAX_BYTES)
 
 
 Table = Literal["members", "updates", "reports", "equivocations", "weights", "state", "holdings", "revocations",

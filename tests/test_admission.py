@@ -172,6 +172,16 @@ def test_revoke_from_the_command_line_reaches_the_running_run(keys, tmp_path: Pa
         gate = Gate(run_id, keys["authority"].public_der, time.time)
         gate.take_revocations([raw for _, raw in peer.get(dht_key(run_id, "revocations"), fresh=True)])
         assert gate.revoked == {keys["a"].peer_id, keys["b"].peer_id, keys["c"].peer_id}
+        # a revoke on a clock an hour behind the last one's (another machine's): hivemind keeps the later of two
+        # expirations under one key, so a list stored for 30 days from this clock was refused, every time
+        d = load_or_create(tmp_path / "d.key").peer_id
+        behind = Transport.now
+        monkeypatch.setattr(Transport, "now", lambda self: behind(self) - 3600.0)
+        done = CliRunner().invoke(app, ["revoke", d, *revoke_c[2:]])
+        assert done.exit_code == 0, done.output
+        monkeypatch.undo()
+        gate.take_revocations([raw for _, raw in peer.get(dht_key(run_id, "revocations"), fresh=True)])
+        assert d in gate.revoked
         # what cannot be published fails before anything is asked: a junk id, a broken file of kept revocations
         monkeypatch.delenv("HIVEMIND_LOGLEVEL", raising=False)
         done = CliRunner().invoke(app, [*revoke_c[:1], "QmNotAPeerId", *revoke_c[2:]])
@@ -181,3 +191,48 @@ def test_revoke_from_the_command_line_reaches_the_running_run(keys, tmp_path: Pa
         assert done.exit_code == 2 and "authority.key.revoked.json is not a list" in done.output, done.output
     finally:
         peer.close()
+
+
+@pytest.mark.swarm
+def test_a_bootstrap_back_with_an_empty_dht_stores_the_revocations_again(keys, tmp_path: Path) -> None:
+    """Real transports: the authority's list reaches a bootstrap, which keeps it in its folder and stores its own
+    copy; every DHT node stops; the bootstrap starts again with its folder, and a peer joining it then reads the
+    list (without the kept copy the DHT held none, and the revoked peer was admitted again)."""
+    auth = keys["authority"]
+    key, path = dht_key(RUN, "revocations"), tmp_path / admission.KeptRevocations.FILE_NAME
+    cert = admission.admit(auth, RUN, keys["a"].peer_id, time.time() + 600)
+
+    def start(identity, initial: list[str]) -> Transport:
+        t = Transport(SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=initial), identity)
+        made.append(t)
+        t.start()
+        return t
+
+    def a_for_a_peer_joining(bootstrap: Transport, name: str) -> str | None:
+        """Why a peer joining the bootstrap now refuses a (None: it admits a), by the revocations it reads."""
+        peer = start(load_or_create(tmp_path / f"{name}.key"), bootstrap.maddrs())
+        gate = Gate(RUN, auth.public_der, peer.now)
+        gate.take_revocations([raw for _, raw in peer.get(key, fresh=True)])
+        return gate.why_not(keys["a"].peer_id, cert)
+
+    made: list[Transport] = []
+    try:
+        boot = start(load_or_create(tmp_path / "boot.key"), [])
+        authority = start(auth, boot.maddrs())
+        assert authority.store(key, admission.revocation(auth, RUN, [keys["a"].peer_id], authority.now()), ttl=600)
+        kept = admission.KeptRevocations(Gate(RUN, auth.public_der, boot.now), boot, path, every_s=0.0)
+        kept.refresh()
+        assert kept.gate.revoked == {keys["a"].peer_id} and path.exists()
+        assert boot.peer_id in {owner for owner, _ in boot.read(key) or []}  # its own copy, under its own key
+        for t in made:
+            t.close()
+        made.clear()
+
+        boot = start(load_or_create(tmp_path / "boot.key"), [])  # back with its folder, its DHT empty
+        assert a_for_a_peer_joining(boot, "p1") is None  # what a peer joining now read before: a admitted
+        kept = admission.KeptRevocations(Gate(RUN, auth.public_der, boot.now), boot, path, every_s=0.0)
+        kept.refresh()
+        assert a_for_a_peer_joining(boot, "p2") == "admission revoked"
+    finally:
+        for t in made:
+            t.close()

@@ -66,16 +66,16 @@ def test_a_bootstrap_keeps_verified_finished_records_and_serves_them_again_after
 
 
 def test_a_damaged_or_forged_file_costs_only_what_it_kept(tmp_path: Path) -> None:
-    from gradnode.protocol.records import kept_finished_blob
+    from gradnode.protocol.records import kept_blob
 
     me, a, c = (load_or_create(tmp_path / f"{n}.key") for n in "mac")
     path = tmp_path / FILE_NAME
-    for content in (b"\x00garbage", kept_finished_blob([finished(c, peer=a.peer_id)])):
+    for content in (b"\x00garbage", kept_blob([finished(c, peer=a.peer_id)])):
         path.write_bytes(content)
         dht = Dht([])
         Kept(Membership(dht, me, RUN, 30.0), dht, path, TTL)  # type: ignore[arg-type]
         assert served(dht) == []
-    path.write_bytes(kept_finished_blob([finished(c, peer=a.peer_id), finished(a)]))
+    path.write_bytes(kept_blob([finished(c, peer=a.peer_id), finished(a)]))
     dht = Dht([])
     Kept(Membership(dht, me, RUN, 30.0), dht, path, TTL)  # type: ignore[arg-type]
     assert [Finished.from_bytes(r).peer for r in served(dht)] == [a.peer_id]  # signatures are salted: by author

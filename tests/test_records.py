@@ -145,16 +145,22 @@ def test_a_set_spelled_out_from_the_network_is_parsed_strictly() -> None:
         assert _pairs(bad) is None, bad[:20]
 
 
-def test_a_kept_list_of_finished_records_is_parsed_strictly() -> None:
-    from gradnode.protocol.records import (FINISHED_MAX_BYTES, KEPT_FINISHED_MAX, RecordError, kept_finished_blob,
-                                           kept_finished_of)
+def test_a_kept_list_of_signed_records_is_parsed_strictly() -> None:
+    from gradnode.protocol.records import (FINISHED_MAX_BYTES, KEPT_FINISHED_MAX, KEPT_REVOCATIONS_MAX,
+                                           REVOCATION_MAX_BYTES, RecordError, kept_blob, kept_finished_of,
+                                           kept_revocations_of)
 
-    assert kept_finished_of(kept_finished_blob([b"x", b"y" * 700])) == [b"x", b"y" * 700]
+    assert kept_finished_of(kept_blob([b"x", b"y" * 700])) == [b"x", b"y" * 700]
     for bad in (msgpack.packb({"a": 1}), msgpack.packb(["text"]), msgpack.packb([1]), msgpack.packb([[b"x"]]),
                 msgpack.packb([b"x" * (FINISHED_MAX_BYTES + 1)], use_bin_type=True), b"\xc1", b"",
                 msgpack.packb([b"x"] * (KEPT_FINISHED_MAX + 1), use_bin_type=True), "str", None):
         with pytest.raises(RecordError):
             kept_finished_of(bad)  # type: ignore[arg-type]
+    # a bootstrap's revocation lists: fewer and larger
+    assert kept_revocations_of(kept_blob([b"z" * REVOCATION_MAX_BYTES])) == [b"z" * REVOCATION_MAX_BYTES]
+    for bad in (kept_blob([b"x"] * (KEPT_REVOCATIONS_MAX + 1)), kept_blob([b"x" * (REVOCATION_MAX_BYTES + 1)])):
+        with pytest.raises(RecordError):
+            kept_revocations_of(bad)
 
 
 @given(st.binary(max_size=512))

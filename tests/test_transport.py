@@ -442,7 +442,7 @@ def test_a_bootstrap_serves_the_finished_records_it_keeps_and_a_junk_list_hides_
     from gradnode.node.swarm.finished import Kept, kept_elsewhere
     from gradnode.node.swarm.identity import load_or_create
     from gradnode.node.swarm.membership import Membership
-    from gradnode.protocol.records import Finished, kept_finished_blob, kept_finished_name
+    from gradnode.protocol.records import Finished, kept_blob, kept_finished_name
 
     a, b, c = trio
     monkeypatch.setattr(finished, "FETCH_S", 30.0)  # every look answered by both, however loaded the machine
@@ -451,7 +451,7 @@ def test_a_bootstrap_serves_the_finished_records_it_keeps_and_a_junk_list_hides_
                                                round=6, param_hash="ab" * 8, time=b.now()), ttl=60)
     kept = Kept(ma, a, tmp_path / "finished.msgpack", ttl=86400.0, every_s=0.0)
     assert settles(lambda: kept.refresh() or kept.records)
-    c.blobs.put(kept_finished_name("run"), kept_finished_blob([b"x"]))
+    c.blobs.put(kept_finished_name("run"), kept_blob([b"x"]))
     initial = [*a.maddrs(), *c.maddrs(), *b.maddrs()]
     for _ in range(3):  # both are asked every time: c's junk, whichever answers first, hides nothing
         got, whole = kept_elsewhere(mb, b, initial, {b.peer_id})

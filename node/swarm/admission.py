@@ -5,18 +5,33 @@ peer, not expired, not revoked) is dropped, so its author has no known key: its 
 votes and state offers fail verification, and its streams are refused (Transport.admits). The authority
 revokes with a signed Revocation record in the DHT (`gradnode revoke PEER_ID`); peers read it every time
 they read the member list.
+
+The DHT keeps a record in memory, on the nodes nearest its key, for its time to live: once those nodes all
+restarted (a bootstrap upgraded with the run's peers away), or 30 days after the last revoke, it holds no list,
+and a peer started then admitted every revoked peer again. So a bootstrap (a serve-only peer) keeps the lists it
+reads in its run folder (``KeptRevocations``), loads them when it starts again and stores the newest in the DHT
+under its own key while it runs: signed by the authority, a list verifies whoever carries it, so a bootstrap can
+withhold one, never forge or shorten one (the lists add up in every gate).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
-from typing import Callable
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
+from gradnode.node import write_atomic
 from gradnode.node.config import Config, ConfigError
 from gradnode.node.swarm.identity import Identity, verify
 from gradnode.protocol.genesis import Genesis
-from gradnode.protocol.records import Admission, RecordError, Revocation
+from gradnode.protocol.records import (KEPT_REVOCATIONS_MAX, Admission, RecordError, Revocation, dht_key, kept_blob,
+                                       kept_revocations_of)
+
+if TYPE_CHECKING:
+    from gradnode.node.swarm.transport import Transport
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +68,14 @@ class Gate:
             return "admission certificate expired"
         return None
 
-    def take_revocations(self, found: list[bytes]) -> None:
+    def take_revocations(self, found: list[bytes]) -> list[tuple[Revocation, bytes]]:
         """Add the peers of every valid Revocation among ``found`` (raw records from the DHT) to those revoked: a
         revocation is never undone (no command undoes one), so a list the authority published without a peer it
-        revoked before (a revoke whose read of the stored list came back empty) re-admits nobody here."""
+        revoked before (a revoke whose read of the stored list came back empty) re-admits nobody here. Returns the
+        valid ones, each with its bytes."""
         if self.authority is None:
-            return
+            return []
+        valid = []
         for raw in found:
             try:
                 rec = Revocation.from_bytes(raw)
@@ -66,10 +83,74 @@ class Gate:
                 continue
             if rec.run_id != self.run_id or not verify(self.authority, rec.signing_bytes(), rec.signature):
                 continue
+            valid.append((rec, raw))
             with self._lock:
                 if set(rec.revoked) - self.revoked:
                     log.warning("run authority revoked %d peer(s)", len(set(rec.revoked) - self.revoked))
                     self.revoked = self.revoked | frozenset(rec.revoked)
+        return valid
+
+
+class KeptRevocations:
+    """A bootstrap's copy of the run's revocation lists (module docstring): the valid lists it read, in ``path``,
+    loaded into its gate when it starts; every ``every_s`` it reads the DHT's and stores the fullest list it keeps
+    under its own key (``STORE_TTL_S``) when the read lacks that copy or the copy is half way to expiring."""
+
+    FILE_NAME = "revocations.msgpack"
+    REFRESH_S = 15.0
+    STORE_TTL_S = 86400.0
+
+    def __init__(self, gate: Gate, transport: Transport, path: Path, every_s: float = REFRESH_S) -> None:
+        self.gate, self.transport, self.path, self.every_s = gate, transport, path, every_s
+        self.key = dht_key(gate.run_id, "revocations")
+        self.lists: list[bytes] = []  # fewest peers first, then oldest: the last is the one stored
+        self._read_at = self._stored_at = -math.inf
+        try:
+            loaded = kept_revocations_of(path.read_bytes()) if path.exists() else []
+        except (OSError, RecordError) as err:  # a damaged file costs only what it kept
+            log.warning("kept revocation lists %s unreadable (%s); starting without them", path, err)
+            loaded = []
+        self._keep(loaded, save=False)
+        if self.lists:
+            log.info("kept revocation lists of run %s: %d peer(s) revoked", gate.run_id, len(gate.revoked))
+
+    def refresh(self) -> None:
+        """Read the DHT's lists and keep the new ones; store the fullest where the read lacks it (heartbeat thread,
+        every ``every_s`` at most). A failed read changes nothing."""
+        if self.gate.open or time.monotonic() - self._read_at < self.every_s:
+            return
+        self._read_at = time.monotonic()
+        found = self.transport.read(self.key)
+        if found is None:
+            return
+        self._keep([raw for _, raw in found], save=True)
+        if not self.lists:
+            return
+        fullest = self.lists[-1]
+        if (self.transport.peer_id, fullest) not in found or \
+                time.monotonic() - self._stored_at > self.STORE_TTL_S / 2:
+            if self.transport.store(self.key, fullest, ttl=self.STORE_TTL_S):
+                self._stored_at = time.monotonic()
+
+    def _keep(self, raws: list[bytes], save: bool) -> None:
+        """Keep the valid lists of ``raws`` and those kept: each once, none whose peers another lists too (the
+        newer of two alike), at most KEPT_REVOCATIONS_MAX (the fullest); the file written when they change."""
+        valid = {raw: rec for rec, raw in self.gate.take_revocations(self.lists + raws)}
+        order = sorted(valid, key=lambda raw: (len(set(valid[raw].revoked)), valid[raw].time, raw))
+
+        def covered(i: int) -> bool:
+            mine = set(valid[order[i]].revoked)
+            return any(mine <= set(valid[other].revoked) for other in order[i + 1:])
+
+        kept = [raw for i, raw in enumerate(order) if not covered(i)][-KEPT_REVOCATIONS_MAX:]
+        if kept == self.lists:
+            return
+        self.lists = kept
+        if save:
+            try:  # synced: a power loss leaves the old file or the new one, never an empty one
+                write_atomic(self.path, kept_blob(kept), sync=True)
+            except OSError as err:  # a full disk costs only this save: the gate and the DHT's copy hold them
+                log.warning("kept revocation lists not saved (%s)", err)
 
 
 def admit(authority: Identity, run_id: str, peer: str, expires: float) -> bytes:

@@ -27,7 +27,7 @@ from gradnode.node.swarm.membership import Membership
 from gradnode.node.swarm.transport import Transport
 from gradnode.protocol import sync as rules
 from gradnode.protocol.records import (FINISHED_MAX_BYTES, KEPT_FINISHED_MAX, Finished, RecordError,
-                                       kept_finished_blob, kept_finished_name, kept_finished_of)
+                                       kept_blob, kept_finished_name, kept_finished_of)
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class Kept:
         if records == self.records and self.transport.blobs.get(self.name) is not None:
             return
         self.records = records
-        blob = kept_finished_blob(records)
+        blob = kept_blob(records)
         self.transport.blobs.put(self.name, blob)
         if save:
             try:  # synced: a power loss leaves the old file or the new one, never an empty one

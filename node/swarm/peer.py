@@ -107,6 +107,7 @@ class Peer:
         self.transport = Transport(self.sw, self.identity)
         self.membership: Membership | None = None
         self.kept: finished.Kept | None = None  # a bootstrap's 'finished' records (serve-only peers)
+        self.revocations: admission.KeptRevocations | None = None  # and its revocation lists (permissioned runs)
         self.equivocators: Equivocators | None = None  # made by start()
         self.sybils: adversary.Sybils | adversary.Replayer | None = None  # 'flood', 'sybilvotes', 'replayleave' only
         self.workers: dict[str, int] = {}  # sender -> newest round whose update this process verified (_voters)
@@ -177,6 +178,9 @@ class Peer:
         if self.sw.serve_only:  # the run's end outlives a restart of the bootstrap (node/swarm/finished.py)
             self.kept = finished.Kept(self.membership, self.transport, self.cfg.run.output_dir / finished.FILE_NAME,
                                       FINISHED_TTL_S)
+            # and so do the run's revocations (node/swarm/admission.py)
+            self.revocations = admission.KeptRevocations(gate, self.transport, self.cfg.run.output_dir /
+                                                         admission.KeptRevocations.FILE_NAME)
         self._publish_member(training=not self.sw.serve_only)
 
     def _connect(self) -> None:
@@ -215,8 +219,20 @@ class Peer:
 
     def serve(self) -> None:
         """Serve-only peer (bootstrap): keep the DHT and the membership record alive until stopped, and
-        the address book of the peers it saw (a restarted bootstrap dials them: one swarm again)."""
+        the address book of the peers it saw (a restarted bootstrap dials them: one swarm again), the run's end and
+        its revocations (stored again at once: a restarted bootstrap's DHT holds none)."""
+        self._refresh_kept()
         self._heartbeat(training=False, until=self.stop)
+
+    def _refresh_kept(self) -> None:
+        """A bootstrap's 'finished' records and revocation lists, read and stored again (finished.Kept,
+        admission.KeptRevocations); a failure costs only this refresh, never the heartbeat."""
+        for kept, what in ((self.kept, "'finished' records"), (self.revocations, "revocation lists")):
+            try:
+                if kept is not None:
+                    kept.refresh()
+            except Exception as err:
+                log.debug("keeping %s failed: %r", what, err)
 
     def _heartbeat(self, training: bool, until: threading.Event) -> None:
         """Until ``until`` is set: refresh the membership record every third of its lifetime (liveness must
@@ -229,11 +245,7 @@ class Peer:
                 self._keep_connected()
             except Exception as err:  # a DHT hiccup must not end the heartbeat
                 log.debug("keep-connected failed: %r", err)
-            try:
-                if self.kept is not None:
-                    self.kept.refresh()
-            except Exception as err:  # nor may keeping the run's end
-                log.debug("keeping 'finished' records failed: %r", err)
+            self._refresh_kept()
             try:
                 self._refresh_gauges()
             except Exception as err:  # nor may the metrics

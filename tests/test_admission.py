@@ -162,26 +162,28 @@ def test_revoke_from_the_command_line_reaches_the_running_run(keys, tmp_path: Pa
         revoke_c = ["revoke", keys["c"].peer_id, "--genesis", str(tmp_path / "run.json"), "--authority-key", str(key),
                     "--initial-peer", peer.maddrs()[0]]
         monkeypatch.delenv("HIVEMIND_LOGLEVEL", raising=False)  # the command sets it: undone below
-        monkeypatch.setattr(Transport, "read", lambda self, *args, **kw: None)  # the DHT read fails
+        monkeypatch.setattr(Transport, "read_expiring", lambda self, *args, **kw: None)  # the DHT read fails
         done = CliRunner().invoke(app, revoke_c)
         assert done.exit_code == 2 and "nothing was published" in done.output, done.output
-        monkeypatch.setattr(Transport, "read", lambda self, *args, **kw: [])  # it finds no list (expired, say)
+        monkeypatch.setattr(Transport, "read_expiring", lambda self, *args, **kw: [])  # no list (expired, say)
         done = CliRunner().invoke(app, revoke_c)
         assert done.exit_code == 0, done.output
         monkeypatch.undo()
         gate = Gate(run_id, keys["authority"].public_der, time.time)
         gate.take_revocations([raw for _, raw in peer.get(dht_key(run_id, "revocations"), fresh=True)])
         assert gate.revoked == {keys["a"].peer_id, keys["b"].peer_id, keys["c"].peer_id}
-        # a revoke on a clock an hour behind the last one's (another machine's): hivemind keeps the later of two
-        # expirations under one key, so a list stored for 30 days from this clock was refused, every time
-        d = load_or_create(tmp_path / "d.key").peer_id
+        # revokes on a clock an hour behind the last one's (another machine's): hivemind keeps the later of two
+        # expirations under one subkey, so a list stored for 30 days from this clock was refused, every time; and
+        # the second of them too when the first outlived the one before by a guess at its expiration (a review's)
         behind = Transport.now
         monkeypatch.setattr(Transport, "now", lambda self: behind(self) - 3600.0)
-        done = CliRunner().invoke(app, ["revoke", d, *revoke_c[2:]])
-        assert done.exit_code == 0, done.output
+        late = [load_or_create(tmp_path / f"{n}.key").peer_id for n in ("d", "e")]
+        for victim in late:
+            done = CliRunner().invoke(app, ["revoke", victim, *revoke_c[2:]])
+            assert done.exit_code == 0, done.output
         monkeypatch.undo()
         gate.take_revocations([raw for _, raw in peer.get(dht_key(run_id, "revocations"), fresh=True)])
-        assert d in gate.revoked
+        assert set(late) <= gate.revoked
         # what cannot be published fails before anything is asked: a junk id, a broken file of kept revocations
         monkeypatch.delenv("HIVEMIND_LOGLEVEL", raising=False)
         done = CliRunner().invoke(app, [*revoke_c[:1], "QmNotAPeerId", *revoke_c[2:]])
@@ -195,44 +197,49 @@ def test_revoke_from_the_command_line_reaches_the_running_run(keys, tmp_path: Pa
 
 @pytest.mark.swarm
 def test_a_bootstrap_back_with_an_empty_dht_stores_the_revocations_again(keys, tmp_path: Path) -> None:
-    """Real transports: the authority's list reaches a bootstrap, which keeps it in its folder and stores its own
-    copy; every DHT node stops; the bootstrap starts again with its folder, and a peer joining it then reads the
-    list (without the kept copy the DHT held none, and the revoked peer was admitted again)."""
-    auth = keys["authority"]
+    """Real transports: the authority's list reaches a bootstrap, which keeps it in its folder; every DHT node
+    stops; the bootstrap starts again with its folder and stores the list, and a peer joining it reads it
+    (without the kept copy the DHT held none, and that peer admitted the revoked one again)."""
+    auth, a = keys["authority"], keys["a"].peer_id
     key, path = dht_key(RUN, "revocations"), tmp_path / admission.KeptRevocations.FILE_NAME
-    cert = admission.admit(auth, RUN, keys["a"].peer_id, time.time() + 600)
+    cert = admission.admit(auth, RUN, a, time.time() + 600)
 
-    def start(identity, initial: list[str]) -> Transport:
-        t = Transport(SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=initial), identity)
+    def start(name: str, initial: list[str]) -> Transport:
+        t = Transport(SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=initial),
+                      auth if name == "authority" else load_or_create(tmp_path / f"{name}.key"))
         made.append(t)
         t.start()
         return t
 
-    def a_for_a_peer_joining(bootstrap: Transport, name: str) -> str | None:
-        """Why a peer joining the bootstrap now refuses a (None: it admits a), by the revocations it reads."""
-        peer = start(load_or_create(tmp_path / f"{name}.key"), bootstrap.maddrs())
-        gate = Gate(RUN, auth.public_der, peer.now)
-        gate.take_revocations([raw for _, raw in peer.get(key, fresh=True)])
-        return gate.why_not(keys["a"].peer_id, cert)
+    def within_a_minute(check) -> bool:  # a DHT read or store on a loaded machine can fail once: try again
+        end = time.monotonic() + 60.0
+        while not check() and time.monotonic() < end:
+            time.sleep(0.5)
+        return check()
 
     made: list[Transport] = []
     try:
-        boot = start(load_or_create(tmp_path / "boot.key"), [])
-        authority = start(auth, boot.maddrs())
-        assert authority.store(key, admission.revocation(auth, RUN, [keys["a"].peer_id], authority.now()), ttl=600)
+        boot = start("boot", [])
+        assert start("authority", boot.maddrs()).store(key, admission.revocation(auth, RUN, [a], time.time()), ttl=600)
         kept = admission.KeptRevocations(Gate(RUN, auth.public_der, boot.now), boot, path, every_s=0.0)
-        kept.refresh()
-        assert kept.gate.revoked == {keys["a"].peer_id} and path.exists()
-        assert boot.peer_id in {owner for owner, _ in boot.read(key) or []}  # its own copy, under its own key
+        assert within_a_minute(lambda: kept.refresh() or path.exists()) and kept.gate.revoked == {a}
         for t in made:
             t.close()
         made.clear()
 
-        boot = start(load_or_create(tmp_path / "boot.key"), [])  # back with its folder, its DHT empty
-        assert a_for_a_peer_joining(boot, "p1") is None  # what a peer joining now read before: a admitted
+        boot = start("boot", [])  # back with its folder, its DHT empty
+        peer = start("peer", boot.maddrs())
+        gate = Gate(RUN, auth.public_der, peer.now)
+        gate.take_revocations([raw for _, raw in peer.get(key, fresh=True)])
+        assert gate.why_not(a, cert) is None  # what a peer joining now read before: no list, a admitted
         kept = admission.KeptRevocations(Gate(RUN, auth.public_der, boot.now), boot, path, every_s=0.0)
-        kept.refresh()
-        assert a_for_a_peer_joining(boot, "p2") == "admission revoked"
+
+        def revoked() -> bool:
+            kept.refresh()
+            gate.take_revocations([raw for _, raw in peer.get(key, fresh=True)])
+            return gate.why_not(a, cert) == "admission revoked"
+
+        assert within_a_minute(revoked)
     finally:
         for t in made:
             t.close()

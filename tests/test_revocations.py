@@ -54,18 +54,22 @@ def test_a_restarted_bootstrap_stores_the_revocations_again_so_a_new_peer_reads_
     assert kept.lists == [] and not path.exists() and dht.stores == 0
     kept.refresh()
     assert gate.revoked == {a.peer_id} and kept_revocations_of(path.read_bytes()) == [first]
-    assert dht.values[me.peer_id] == first and dht.stores == 1  # its own copy, under its own key
-    kept.refresh()
-    assert dht.stores == 1  # the DHT holds its copy: not stored again
+    assert dht.stores == 0  # the DHT holds the authority's list
 
     newer = admission.revocation(auth, RUN, [a.peer_id, b.peer_id], NOW - 10)
     dht.values[auth.peer_id] = newer
     kept.refresh()
-    assert kept.lists == [newer] and gate.revoked == {a.peer_id, b.peer_id} and dht.values[me.peer_id] == newer
+    assert kept.lists == [newer] and gate.revoked == {a.peer_id, b.peer_id} and dht.stores == 0
+
+    del dht.values[auth.peer_id]  # the authority's copy expired: the bootstrap's goes in its place
+    kept.refresh()
+    assert dht.values[me.peer_id] == newer and dht.stores == 1
+    kept.refresh()
+    assert dht.stores == 1  # held: not stored again (until half its life is gone)
 
     dht.fails = True  # a failed read changes nothing
     kept.refresh()
-    assert kept.lists == [newer] and dht.stores == 2
+    assert kept.lists == [newer] and dht.stores == 1
 
     # every DHT node restarted (the run's peers away, the bootstrap upgraded): the DHT holds no list. A peer that
     # starts now admits a and b again, unless the bootstrap, back with its run folder, stores its list again
@@ -93,8 +97,17 @@ def test_lists_that_add_peers_are_all_kept_and_a_damaged_or_forged_file_costs_on
     dht = Dht(me.peer_id, {auth.peer_id: one, c.peer_id: two, ids[5]: old})
     kept = KeptRevocations(Gate(RUN, auth.public_der, dht.now), dht, path, every_s=0.0)  # type: ignore[arg-type]
     kept.refresh()
-    assert kept.lists == [one, two] and dht.values[me.peer_id] == two
+    assert kept.lists == [one, two] and dht.stores == 0  # the DHT holds both
     assert set(Revocation.from_bytes(kept_revocations_of(path.read_bytes())[0]).revoked) == {ids[0], ids[1]}
+    # the DHT lost them: one value under its key, it stores them in turn, the fullest first, and a peer reading
+    # at each refresh holds every peer of both (a peer's gate adds up what it reads)
+    dht.values = {}
+    reader = Gate(RUN, auth.public_der, dht.now)
+    for stored in (two, one, two):
+        kept.refresh()
+        assert dht.values == {me.peer_id: stored}
+        reader.take_revocations(list(dht.values.values()))
+    assert reader.revoked == {ids[0], ids[1], ids[2], ids[3]}
     # at most KEPT_REVOCATIONS_MAX lists, the fullest: of twelve lists of one peer each, those of peers 4 to 11
     # add to the two above (0 to 3 are in them already), and the newest six of them are kept beside them
     dht.values.update({f"o{i}": admission.revocation(auth, RUN, [ids[i]], NOW + i) for i in range(12)})

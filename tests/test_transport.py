@@ -54,6 +54,24 @@ def test_records_blobs_gossip_and_counters(trio, monkeypatch: pytest.MonkeyPatch
     assert got_c == blob and settles(lambda: b.bytes_up == len(blob)), b.bytes_up
 
 
+def test_a_value_no_key_owns_is_refused_and_blinds_no_key(trio) -> None:
+    """c stores as modified code would, with hivemind's own store: a plain value (no subkey) and a value under a
+    subkey no key owns, both living ten years. Every node refuses them, so the owners' records under the key are
+    stored and read as before. Before, the nodes took the plain value: it replaced every record under the key,
+    and each node refused every owner's store after it (a's store failed: one store emptied the member list)."""
+    from hivemind.utils import get_dht_time
+
+    a, b, c = trio
+    key = "gradnode/run/members"
+    assert a.store(key, b"before", ttl=30)
+    far = get_dht_time() + 10 * 365 * 86400.0
+    with c._dht_lock:
+        c._dht.store(key, b"junk", far)
+        c._dht.store(key, b"junk", far, subkey="nobody")
+    assert a.store(key, b"from-a", ttl=30)
+    assert b.read(key) == [(a.peer_id, b"from-a")]
+
+
 def test_one_node_writes_the_records_of_keys_in_bulk_each_under_its_own_key(trio, tmp_path: Path) -> None:
     """The attackers with keys in bulk ('flood', 'sybilvotes') write every key's records through one DHT node:
     each record lands in its key's owner-protected subkey, signed by that key, and the readers name that key

@@ -9,9 +9,9 @@ they read the member list.
 The DHT keeps a record in memory, on the nodes nearest its key, for its time to live: once those nodes all
 restarted (a bootstrap upgraded with the run's peers away), or 30 days after the last revoke, it holds no list,
 and a peer started then admitted every revoked peer again. So a bootstrap (a serve-only peer) keeps the lists it
-reads in its run folder (``KeptRevocations``), loads them when it starts again and stores the newest in the DHT
-under its own key while it runs: signed by the authority, a list verifies whoever carries it, so a bootstrap can
-withhold one, never forge or shorten one (the lists add up in every gate).
+reads in its run folder (``KeptRevocations``), loads them when it starts again and stores in the DHT, under its
+own key, each one the DHT lacks while it runs: signed by the authority, a list verifies whoever carries it, so a
+bootstrap can withhold one, never forge or shorten one (the lists add up in every gate).
 """
 
 from __future__ import annotations
@@ -93,8 +93,11 @@ class Gate:
 
 class KeptRevocations:
     """A bootstrap's copy of the run's revocation lists (module docstring): the valid lists it read, in ``path``,
-    loaded into its gate when it starts; every ``every_s`` it reads the DHT's and stores the fullest list it keeps
-    under its own key (``STORE_TTL_S``) when the read lacks that copy or the copy is half way to expiring."""
+    loaded into its gate when it starts. Every ``every_s`` it reads the DHT's and stores under its own key (one
+    value a key: ``STORE_TTL_S``) a list it keeps that the read lacks, the fullest first, or its copy again half
+    way to expiring. The authority's newest list holds every peer of those before it (``revoke`` publishes the
+    union): lists that do not hold each other come only of revokes with one key at once on two machines, and the
+    DHT then holds them in turn, one a refresh, each read adding to every gate."""
 
     FILE_NAME = "revocations.msgpack"
     REFRESH_S = 15.0
@@ -124,13 +127,12 @@ class KeptRevocations:
         if found is None:
             return
         self._keep([raw for _, raw in found], save=True)
-        if not self.lists:
-            return
-        fullest = self.lists[-1]
-        if (self.transport.peer_id, fullest) not in found or \
-                time.monotonic() - self._stored_at > self.STORE_TTL_S / 2:
-            if self.transport.store(self.key, fullest, ttl=self.STORE_TTL_S):
-                self._stored_at = time.monotonic()
+        held = {raw for _, raw in found}
+        missing = [raw for raw in reversed(self.lists) if raw not in held]
+        own = next((raw for owner, raw in found if owner == self.transport.peer_id and raw in self.lists), None)
+        store = missing[0] if missing else own if time.monotonic() - self._stored_at > self.STORE_TTL_S / 2 else None
+        if store is not None and self.transport.store(self.key, store, ttl=self.STORE_TTL_S):
+            self._stored_at = time.monotonic()
 
     def _keep(self, raws: list[bytes], save: bool) -> None:
         """Keep the valid lists of ``raws`` and those kept: each once, none whose peers another lists too (the

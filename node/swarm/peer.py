@@ -71,6 +71,7 @@ UNSURE_LOOKS = 2  # looks in a row that an initial peer did not answer and that 
 # answer (the run's end kept by a silent bootstrap); one more goes by the records it read (a dead initial peer). Each
 # waits twice as long as the one before for the initial peers' answers (finished.FETCH_S, then 10 s, 20 s)
 HEARTBEAT_S = 10.0  # member record refresh and re-dialling of absent peers, at most this far apart
+KEEP_S = 5.0  # a bootstrap looks this often whether its kept records are due for a refresh (_keep_run_records)
 DIAL_WINDOW_S = 6 * 3600.0  # address-book peers seen within this are re-dialled while absent
 # blobs served per round (updates, reports spelled out, decided sets, counted reports):
 # "<kind>/<run>/<round>/..."; dropped past the catch-up window
@@ -107,7 +108,7 @@ class Peer:
         self.transport = Transport(self.sw, self.identity)
         self.membership: Membership | None = None
         self.kept: finished.Kept | None = None  # a bootstrap's 'finished' records (serve-only peers)
-        self.revocations: admission.KeptRevocations | None = None  # and its revocation lists (permissioned runs)
+        self.revocations: admission.KeptRevocations | None = None  # and its revocation lists (serve-only peers)
         self.equivocators: Equivocators | None = None  # made by start()
         self.sybils: adversary.Sybils | adversary.Replayer | None = None  # 'flood', 'sybilvotes', 'replayleave' only
         self.workers: dict[str, int] = {}  # sender -> newest round whose update this process verified (_voters)
@@ -220,19 +221,24 @@ class Peer:
     def serve(self) -> None:
         """Serve-only peer (bootstrap): keep the DHT and the membership record alive until stopped, and
         the address book of the peers it saw (a restarted bootstrap dials them: one swarm again), the run's end and
-        its revocations (stored again at once: a restarted bootstrap's DHT holds none)."""
-        self._refresh_kept()
+        its revocations."""
+        threading.Thread(target=self._keep_run_records, name="kept", daemon=True).start()
         self._heartbeat(training=False, until=self.stop)
 
-    def _refresh_kept(self) -> None:
+    def _keep_run_records(self) -> None:
         """A bootstrap's 'finished' records and revocation lists, read and stored again (finished.Kept,
-        admission.KeptRevocations); a failure costs only this refresh, never the heartbeat."""
-        for kept, what in ((self.kept, "'finished' records"), (self.revocations, "revocation lists")):
-            try:
-                if kept is not None:
-                    kept.refresh()
-            except Exception as err:
-                log.debug("keeping %s failed: %r", what, err)
+        admission.KeptRevocations: each every 15 s at most), at once (a restarted bootstrap's DHT holds none) and
+        then every KEEP_S, on a thread of its own: a DHT read or store may take seconds, and the heartbeat keeps
+        the member record fresh. A failure costs only that refresh."""
+        while True:
+            for kept, what in ((self.kept, "'finished' records"), (self.revocations, "revocation lists")):
+                try:
+                    if kept is not None:
+                        kept.refresh()
+                except Exception as err:
+                    log.info("keeping %s failed: %r", what, err)
+            if self.stop.wait(KEEP_S):
+                return
 
     def _heartbeat(self, training: bool, until: threading.Event) -> None:
         """Until ``until`` is set: refresh the membership record every third of its lifetime (liveness must
@@ -245,7 +251,6 @@ class Peer:
                 self._keep_connected()
             except Exception as err:  # a DHT hiccup must not end the heartbeat
                 log.debug("keep-connected failed: %r", err)
-            self._refresh_kept()
             try:
                 self._refresh_gauges()
             except Exception as err:  # nor may the metrics

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterable, Iterator
 import hivemind
 import msgpack
 from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.protocol import DHTProtocol
 from hivemind.p2p import P2P, PeerID
 from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
@@ -276,14 +277,26 @@ def _hivemind_key(identity: Identity) -> RSAPrivateKey:
 
 
 class _ManyKeys(RSASignatureValidator):
-    """hivemind's owner check, signing for several keys: each record with the subkey of one of them is signed
-    with that key (by hivemind's own signer for it). One DHT node then writes the records of many identities
-    (what the 'flood' and 'sybilvotes' attackers do: keys are free, a node per key is not needed); hivemind
-    keeps one RSASignatureValidator per node, so one validator holds them all."""
+    """hivemind's owner check, with no record but under an owner's subkey, signing for several keys.
+
+    Every record gradnode stores is one peer's, under its owner-protected subkey. hivemind's own check lets a
+    record without a public key through (unprotected), and a plain value (no subkey) stored under a key with an
+    expiration later than its subkeys' replaces them all on the node that takes it, which then refuses every
+    subkey store under that key until it expires: one store, of any length of life the writer chose, emptied
+    the run's member list or revocations on the nodes nearest the key. Every node refuses such records, as it
+    stores them and as it reads them from others (hivemind validates both).
+
+    Signing: each record with the subkey of one of ``more`` is signed with that key (by hivemind's own signer for
+    it). One DHT node then writes the records of many identities (what the 'flood' and 'sybilvotes' attackers do:
+    keys are free, a node per key is not needed); hivemind keeps one validator per node, so one holds them all."""
 
     def __init__(self, key: RSAPrivateKey, more: dict[str, RSAPrivateKey]) -> None:
         super().__init__(key)
         self.signers = {peer: RSASignatureValidator(k) for peer, k in more.items()}  # peer id -> its signer
+
+    def validate(self, record: Any) -> bool:
+        owned = record.subkey != DHTProtocol.IS_REGULAR_VALUE and self._PUBLIC_KEY_RE.search(record.subkey)
+        return bool(owned) and super().validate(record)
 
     def sign_value(self, record: Any) -> bytes:
         for signer in (self, *self.signers.values()):
@@ -358,8 +371,7 @@ class Transport:
 
     def _start(self, timeout: float, initial: list[str], port_wait_s: float = 0.0) -> None:
         key = _hivemind_key(self.identity)
-        self._validator = _ManyKeys(key, {i.peer_id: _hivemind_key(i) for i in self.signs_for}) if self.signs_for \
-            else RSASignatureValidator(key)
+        self._validator = _ManyKeys(key, {i.peer_id: _hivemind_key(i) for i in self.signs_for})
         # client mode (behind NAT): listen nowhere; streams only go out, updates are pushed to reachable peers
         hosts = [] if self.cfg.client_mode else list(self.cfg.host_maddrs)
         # the daemon's unix sockets go to a folder of our own in the temp folder (TMPDIR; hivemind's default
@@ -533,6 +545,13 @@ class Transport:
     def read(self, key: str, timeout: float = 10.0, t0: float | None = None) -> list[tuple[str | None, bytes]] | None:
         """One DHT read of ``key``, never shared: as ``get``, but None on failure (for a caller that must tell a
         failed read from no record, such as one that rewrites the record from what it read)."""
+        found = self.read_expiring(key, timeout, t0)
+        return None if found is None else [(owner, value) for owner, value, _ in found]
+
+    def read_expiring(self, key: str, timeout: float = 10.0,
+                      t0: float | None = None) -> list[tuple[str | None, bytes, float]] | None:
+        """``read``, each value with its expiration (DHT time): a store under one's own subkey is refused unless
+        it expires later than the value there (hivemind keeps the later of the two)."""
         t0 = time.monotonic() if t0 is None else t0
         try:
             with self._dht_lock:
@@ -545,7 +564,8 @@ class Transport:
             log.info("dht get slow key=%s seconds=%.1f", key, time.monotonic() - t0)
         if found is None or not isinstance(found.value, dict):
             return []
-        return [(self._owner(subkey), v.value) for subkey, v in found.value.items() if isinstance(v.value, bytes)]
+        return [(self._owner(subkey), v.value, v.expiration_time) for subkey, v in found.value.items()
+                if isinstance(v.value, bytes)]
 
     def _owner(self, subkey: Any) -> str | None:
         if subkey not in self._owners:

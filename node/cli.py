@@ -335,15 +335,16 @@ def revoke_cmd(peer_ids: list[str] = typer.Argument(..., metavar="PEER_ID...", h
                 # the list published replaces the one stored: a failed read must not drop the peers revoked before,
                 # nor a read that found none (expired, a restarted bootstrap's empty DHT, a junk value in its place):
                 # the peers this key revoked before are kept beside it too
-                listed = transport.read(dht_key(genesis.run_id, "revocations"), timeout=30.0)
+                listed = transport.read_expiring(dht_key(genesis.run_id, "revocations"), timeout=30.0)
                 if listed is None:
                     raise ValueError("the run's revocation list could not be read from the DHT, and a new one would "
                                      "replace it without the peers revoked before; nothing was published: try again")
-                valid = {raw: rec for rec, raw in gate.take_revocations([raw for _, raw in listed])}
-                # hivemind keeps the later of two expirations under one key: over a list this key stored from a clock
-                # ahead of this one (another machine's), a store of now + 30 days failed for good: it outlives that one
-                stored = [valid[raw].time for owner, raw in listed if owner == authority.peer_id and raw in valid]
-                ttl = max([REVOKE_TTL_S, *(t + REVOKE_TTL_S + 1.0 - transport.now() for t in stored)])
+                gate.take_revocations([raw for _, raw, _ in listed])
+                # hivemind keeps the later of two expirations under one subkey: over a list this key stored from a
+                # clock ahead of this one (another machine's), a store of now + 30 days failed every time; it
+                # outlives the one stored
+                ttl = max([REVOKE_TTL_S, *(t + 1.0 - transport.now() for owner, _, t in listed
+                                           if owner == authority.peer_id)])
                 revoked = sorted(gate.revoked | set(kept.get(genesis.run_id, [])) | set(peer_ids))
                 if len(revoked) > REVOKED_MAX:
                     raise ValueError(f"a revocation list holds at most {REVOKED_MAX} peers ({len(revoked)} with "
@@ -842,7 +843,8 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=4096, 
                           "equivocate sybilvotes lowid futurestate badmomentum signflip noise freerider lazy; "
                           "peer '?' = picked by --seed). With --virtual: lying witnesses (censor:P "
                           "equivocate:P withhold:P), updates that do not help (signflip:P noise:P freerider:P: "
-                          "judged by the robust rule's screens), records claiming an hour a round (stretch:P), "
+                          "judged by the robust rule's screens), records claiming an hour a round (stretch:P) or a state "
+                          "a million rounds ahead (futurestate:P), "
                           "one partition:G|G@rN with its heal@rM, "
                           "kill/stop/restart/join:P@rN, stragglers slow:PxF, and clocks off "
                           "drift:S (each by up to S seconds) and clock:P=S, swizzle-clogging swizzle[:S]@rN, "

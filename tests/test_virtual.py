@@ -381,6 +381,42 @@ def test_a_flood_of_records_far_ahead_holds_no_round_open(monkeypatch: pytest.Mo
     assert out["waited_out"] > 2 * sc["peers"], out
 
 
+def test_a_state_claimed_far_ahead_is_taken_by_no_joiner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """'futurestate' liars: honest witnesses and updates whose records list, after their chain's tail, a state a
+    million rounds on under a hash of their making, and offer it. The chain rule groups such a tail with the honest
+    chain (they agree on every round they share), so the winning chain lists the far state; what refuses it is
+    protocol/sync.py's beyond_reach, as the node's statesync: an offer may claim no round more than RECORD_LAG past
+    what at least half of the other voting trainers report. With one liar or two, in every seed the joiners and
+    the restarted peer take the swarm's state, and the run ends on one hash (this churn splits a round now and
+    then, liars or not, and the re-syncs repair it). Without the rule, each of them takes the liar's state
+    (past the run's end: it never trains again); under the rule before (the highest other round), two liars vouch
+    for each other."""
+    churn = "join:6@r4,kill:2@r3,restart:2@r9,join:7@r12"
+
+    def run(liars: str, seed: int) -> dict:
+        return virtual.run(virtual.Scenario(peers=8, rounds=20, seed=seed, late_p=0.0,
+                                            **virtual.parse_faults(f"{liars},{churn}", 8)))
+
+    for liars in ("futurestate:3", "futurestate:3,futurestate:4"):
+        for seed in seeds(5):
+            out = run(liars, seed)
+            assert out["far_states"] == 0 and out["downloads"] + out["catchups"] == 3, f"{liars} seed={seed}: {out}"
+            assert out["final_hashes"] == 1 and not out["stalled"], f"{liars} seed={seed}: {out}"
+    rule = virtual.sync_rules.RECORD_LAG
+    monkeypatch.setattr(virtual.sync_rules, "beyond_reach", lambda offer, reported: False)
+    out = run("futurestate:3", 0)
+    assert out["far_states"] == 3 and out["final_hashes"] > 1, out
+
+    def highest(offer, reported):  # type: ignore[no-untyped-def]
+        others = [r for p, r in reported.items() if p != offer.peer]
+        return bool(others) and offer.round > max(others) + rule
+
+    monkeypatch.setattr(virtual.sync_rules, "beyond_reach", highest)
+    assert run("futurestate:3", 0)["far_states"] == 0
+    out = run("futurestate:3,futurestate:4", 0)
+    assert out["far_states"] == 3 and out["final_hashes"] > 1, out
+
+
 def test_claims_of_round_time_move_no_pace_but_the_last_rounds_senders(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every member record claims its writer's round time, and a peer paces a round (its deadline window, its stop
     time) on the lower median of the claims in its sight of the last round's senders (round.pace, as

@@ -55,6 +55,12 @@ Adversaries (``Scenario.liars``): a real core whose outputs a policy rewrites, n
   the robust rule's screens (protocol/screening.py: the node's code, run on the vectors' exact Gram matrix)
   and the reputation table, shared state like the ledger: a screened-out sender is no contributor.
   ``Scenario.aggregation = "mean"`` counts every update in the set (the rule before the screens).
+- ``futurestate``: an honest witness and update whose member records list, after its chain's tail, a state
+  ``FUTURE_ROUNDS`` past its newest under a hash of its making, and offer that state (the chain rule groups it
+  with the honest chain: the tails agree on every round they share). A peer looking for a state refuses an offer
+  claiming a round more than ``sync.RECORD_LAG`` past every other voting trainer's record (protocol/sync.py
+  ``beyond_reach``, as node/swarm/statesync.py); one that takes it holds a state past the run's end
+  (``far_states``). The node's 'futurestate' lists the claimed state alone, a chain of one the rule refuses anyway.
 - ``stretch``: an honest witness and update whose member records claim an hour a round (``PACE_LIE_S``), and
   ``Scenario.sybil_pace_s``: the sybil keys' records claim that many seconds. ``Scenario.pace = "everyone"``
   paces on every record in sight instead of the last round's senders' (the rule an attacker would want).
@@ -107,9 +113,11 @@ OPEN_S = 5.0  # a stream to a donor whose process died or whose link is cut fail
 JOIN_LOOK_S = 3.0  # how long a (re)starting peer looks for a newer state (node/swarm/sync.py)
 WITNESS_LIES = ("censor", "equivocate", "withhold")  # liars about what they hold (see the module's docstring)
 CONTENT_LIES = ("signflip", "noise", "freerider")  # honest witnesses whose updates do not help
-CLAIM_LIES = ("stretch",)  # honest witnesses and updates whose member records claim an hour a round (PACE_LIE_S)
+# honest witnesses and updates whose member records lie: an hour a round (PACE_LIE_S), a state far ahead
+CLAIM_LIES = ("stretch", "futurestate")
 LIAR_KINDS = WITNESS_LIES + CONTENT_LIES + CLAIM_LIES  # the adversaries modelled
 PACE_LIE_S = 3600.0  # the round time a 'stretch' liar's records claim
+FUTURE_ROUNDS = 10**6  # how far past its newest round a 'futurestate' liar's records claim a state (adversary.py)
 DIM = 64  # an update's content: a vector this long (the robust rule judges it as the node judges tensors)
 NOISE = 1.0  # an honest update: the round's true direction (unit) plus noise of this norm (cosines ~0.5)
 DRIFT = 0.8  # the cosine of one round's true direction to the last's (the loss surface changes slowly)
@@ -335,6 +343,7 @@ class Simulation:
         self.life = sorted(((r, n, action, f"p{i:04d}") for n, (action, i, r) in enumerate(sc.life)))
         self.downloads = 0  # states a (re)starting peer adopted
         self.catchups = 0  # (re)starting peers that replayed the rounds they missed instead
+        self.far_states = 0  # states adopted that claim a round past the run's end (a 'futurestate' liar's)
         self.abstained = 0  # honest peer-rounds sat out (too slow for the round's deadline)
         self.cut_short = 0  # honest peer-rounds computed with fewer steps than inner_steps (the stop time)
         self.content: dict[str, tuple[tuple[float, ...], int]] = {}  # an update's digest -> its vector and tokens
@@ -512,9 +521,13 @@ class Simulation:
         """Its member record (its chain's tail) and its state offer reach the others, with its weight reports of
         the rounds ``hashes`` names (round, hash) after an apply or an adoption (one write of the node's chores
         thread: the weight report, the state offer, the member record); it holds them itself."""
-        tail = p.tail()
+        tail, chain_ = p.tail(), dict(p.hashes)
+        if p.lie == "futurestate" and tail and tail[-1][0] >= self.sc.lies_from:  # a state far ahead, claimed
+            far = tail[-1][0] + FUTURE_ROUNDS
+            chain_[far] = _digest(p.id, far, tail[-1][1])[:16]
+            tail += ((far, chain_[far]),)
         if p.offer is None or p.offer[0] != tail:
-            p.offer = (tail, dict(p.hashes), dict(p.applied), dict(p.ledger), p.reputation)
+            p.offer = (tail, chain_, dict(p.applied), dict(p.ledger), p.reputation)
         record = (tail, p.offer, PACE_LIE_S if p.lie == "stretch" else p.step_s * self.sc.inner_steps)
         p.records[p.id] = (self.now, *record)
         p.held += 1
@@ -613,8 +626,8 @@ class Simulation:
             start = tail[-1][0] + 1
             # replay the missed rounds (their updates, fetched from any holder) or download the state: a peer
             # with no history of its own, or whose newest round is not on the offer's chain, downloads
-            missed = sum(len(applied.get(k, b"")) // FINGERPRINT_BYTES
-                         for k in range(own + 1, start)) * self.sc.update_bytes
+            missed = sum(len(fps) // FINGERPRINT_BYTES for k, fps in applied.items() if own < k < start) * \
+                self.sc.update_bytes
             on_chain = own >= 0 and hashes.get(own) == p.hashes.get(own)
             how = sync_rules.replay_or_download(behind=start - (own + 1), window=self.sc.catchup_rounds,
                                                 replay_bytes=missed, state_bytes=self.sc.state_bytes) \
@@ -625,6 +638,7 @@ class Simulation:
                 self._transfer_s(None, p.id, missed if how == "replay" else self.sc.state_bytes)
             self.downloads += how == "download"
             self.catchups += how == "replay"
+            self.far_states += start > self.sc.rounds and not p.lie  # past the run's end: only a liar offers one
         self._publish_record(p)
         self._compute(p, start)
 
@@ -1163,6 +1177,11 @@ class Simulation:
             links = {link for w in chain.winner(tails) for link in tails[w]}
         offers = [_Offer(q, t[-1][0] + 1, t[-1][1], offer) for q, (seen, t, offer, _) in p.records.items()
                   if q != p.id and t and offer is not None and self._fresh(p, q, seen) and t[-1][0] > after]
+        # none claiming a round more than RECORD_LAG past every other voting trainer's record (statesync.beyond_reach:
+        # the records' rounds of the voters in sight that published a tail; an offer's hash only matches itself)
+        votes = self._votes(p)
+        reported = {q: r for q, (r, _) in self._sight(p)[1].items() if r > 0 and votes(q)}
+        offers = [o for o in offers if not sync_rules.beyond_reach(o, reported)]
         good = sync_rules.trusted_offers(offers, links=links, expected=lambda r: None)
         reach = [o for o in good if self.peers[o.peer].alive and self._linked(p, self.peers[o.peer])]
         return (min(reach, key=lambda o: o.peer).state if reach else None), len(good) - len(reach)
@@ -1208,6 +1227,7 @@ class Simulation:
         tail, hashes, applied, ledger, p.reputation = offer
         newest = tail[-1][0]
         p.resyncs += 1
+        self.far_states += newest >= self.sc.rounds and not p.lie
         self.repairs.append(newest - r)
         self.adopted.append(newest)
         self.per_round[r]["resyncs"] += 1
@@ -1221,7 +1241,8 @@ class Simulation:
         p.waiting, p.computed = None, -1
         # what it holds now, it says (the node's member record publishes its chain's tail, and a report of a
         # chain left since counts for the one followed now: chores.off_majority)
-        self._publish_record(p, tuple((k, p.hashes[k]) for k in range(max(0, newest - TAIL + 1), newest + 1)))
+        self._publish_record(p, tuple((k, p.hashes[k]) for k in range(max(0, newest - TAIL + 1), newest + 1)
+                                      if k in p.hashes))  # a liar's far state skips the rounds before it
         self.at(p.busy_until, lambda: self._compute(p, newest + 1))
         if was_done:  # its heartbeat had stopped at the end of its run
             self.at(self.now + self.heartbeat_s, lambda: self._heartbeat(p))
@@ -1265,7 +1286,7 @@ class Simulation:
                 "rounds_to_converge": converged, "final_hashes": len(final),
                 "resyncs": sum(p.resyncs for p in self.peers.values() if not p.lie), "undecided": self.undecided,
                 "waited_out": self.waited_out, "no_offer": self.no_offer, "downloads": self.downloads,
-                "catchups": self.catchups,
+                "catchups": self.catchups, "far_states": self.far_states,
                 "abstained": self.abstained, "cut_short": self.cut_short,
                 "contributed": {q: applied[q] for q in self.peers},
                 "kept_out": self._kept_out(),

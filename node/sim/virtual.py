@@ -59,8 +59,7 @@ Adversaries (``Scenario.liars``): a real core whose outputs a policy rewrites, n
   ``FUTURE_ROUNDS`` past its newest under a hash of its making, and offer that state (the chain rule groups it
   with the honest chain: the tails agree on every round they share). A peer looking for a state refuses an offer
   claiming a round more than ``sync.RECORD_LAG`` past every other voting trainer's record (protocol/sync.py
-  ``beyond_reach``, as node/swarm/statesync.py), and the chain rule a link nobody vouches for (``chain.plausible``:
-  two such liars vouched for each other's records); one that takes it holds a state past the run's end
+  ``beyond_reach``, as node/swarm/statesync.py); one that takes it holds a state past the run's end
   (``far_states``). The node's 'futurestate' lists the claimed state alone, a chain of one the rule refuses anyway.
 - ``stretch``: an honest witness and update whose member records claim an hour a round (``PACE_LIE_S``), and
   ``Scenario.sybil_pace_s``: the sybil keys' records claim that many seconds. ``Scenario.pace = "everyone"``
@@ -1175,7 +1174,7 @@ class Simulation:
         reachable id's (every donor of one round on one chain offers the same state)."""
         if links is None:
             tails = self._tails(p, with_me=False)
-            links = chain.winning_links(tails)
+            links = {link for w in chain.winner(tails) for link in tails[w]}
         offers = [_Offer(q, t[-1][0] + 1, t[-1][1], offer) for q, (seen, t, offer, _) in p.records.items()
                   if q != p.id and t and offer is not None and self._fresh(p, q, seen) and t[-1][0] > after]
         # none claiming a round more than RECORD_LAG past every other voting trainer's record (statesync.beyond_reach:
@@ -1195,7 +1194,7 @@ class Simulation:
         (a hash mismatch), as the node's does, then carries on with its own state."""
         links = None
         if fork:
-            tails = chain.plausible(self._tails(p, with_me=False))
+            tails = self._tails(p, with_me=False)
             links = {link for w in winners for link in tails.get(w, ())}
         look_s = FORK_SYNC_S if fork else self.sc.params.max_wait_s
         offer, dead = self._newest_offer(p, links)

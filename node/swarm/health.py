@@ -54,9 +54,6 @@ def chain_view(members: dict[str, MemberRecord], me: str, my_tail: list[Link],
     tails = {p: list(m.chain) for p, m in members.items() if m.training and m.chain and p != me}
     if my_tail:
         tails[me] = list(my_tail)
-    # the links another tail vouches for (chain.plausible): a far state one of the winners claims is not on the
-    # winning chain
-    tails = {p: list(t) for p, t in chain.plausible(tails).items() if t}
     found = chain.groups(tails, serving)
     trainers = len({p for p, m in members.items() if m.training} | {me})
     if not found:

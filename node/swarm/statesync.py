@@ -85,7 +85,7 @@ def winning_links(membership: Membership, me: str) -> set[Link]:
     votes = membership.votes()
     members = membership.fresh()
     tails = {p: m.chain for p, m in members.items() if m.training and m.chain and p != me and votes(p)}
-    return chain.winning_links(tails, {p for p, m in members.items() if m.reachable})
+    return {link for p in chain.winner(tails, {p for p, m in members.items() if m.reachable}) for link in tails[p]}
 
 
 def beyond_reach(membership: Membership, me: str) -> Callable[[StateManifest], bool]:

@@ -106,7 +106,7 @@ class KeptRevocations:
     def __init__(self, gate: Gate, transport: Transport, path: Path, every_s: float = REFRESH_S) -> None:
         self.gate, self.transport, self.path, self.every_s = gate, transport, path, every_s
         self.key = dht_key(gate.run_id, "revocations")
-        self.lists: list[bytes] = []  # fewest peers first, then oldest: the last is the one stored
+        self.lists: list[bytes] = []  # fewest peers first, then oldest: the fullest last
         self._read_at = self._stored_at = -math.inf
         try:
             loaded = kept_revocations_of(path.read_bytes()) if path.exists() else []
@@ -118,8 +118,9 @@ class KeptRevocations:
             log.info("kept revocation lists of run %s: %d peer(s) revoked", gate.run_id, len(gate.revoked))
 
     def refresh(self) -> None:
-        """Read the DHT's lists and keep the new ones; store the fullest where the read lacks it (heartbeat thread,
-        every ``every_s`` at most). A failed read changes nothing."""
+        """Read the DHT's lists and keep the new ones; store one the read lacks, the fullest first, or our copy again
+        half way to expiring (a thread of the bootstrap's own, every ``every_s`` at most). A failed read changes
+        nothing."""
         if self.gate.open or time.monotonic() - self._read_at < self.every_s:
             return
         self._read_at = time.monotonic()

@@ -1,10 +1,11 @@
 """gradnode.node: the runtime of a peer (config, CLI, training, transport, swarm). Owns all I/O."""
 
 import json
+import logging
 import os
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 try:
     __version__ = metadata.version("gradnode")
@@ -27,3 +28,22 @@ def write_atomic(path: Path, data: bytes, sync: bool = False) -> None:
 def write_json(path: Path, data: Any, indent: int | None = None) -> None:
     """``data`` as JSON in ``path``, replaced whole (``write_atomic``). OSError goes to the caller."""
     write_atomic(path, json.dumps(data, indent=indent).encode())
+
+
+def read_kept(path: Path, parse: Callable[[bytes], list[bytes]], what: str) -> list[bytes]:
+    """The signed records a bootstrap kept in ``path`` (``parse``: the strict reader of their list, unverified);
+    none without the file, and none from one that cannot be read or parsed (said: it costs only what it kept)."""
+    try:
+        return parse(path.read_bytes()) if path.exists() else []
+    except (OSError, ValueError) as err:  # RecordError is a ValueError
+        logging.getLogger(__name__).warning("kept %s %s unreadable (%s); starting without them", what, path, err)
+        return []
+
+
+def save_kept(path: Path, blob: bytes, what: str) -> None:
+    """A bootstrap's kept records in ``path``, synced (a power loss leaves the old file or the new one, never an
+    empty one); a full disk costs only this save (said), what the bootstrap holds and serves is unchanged."""
+    try:
+        write_atomic(path, blob, sync=True)
+    except OSError as err:
+        logging.getLogger(__name__).warning("kept %s not saved (%s)", what, err)

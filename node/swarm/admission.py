@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from gradnode.node import write_atomic
+from gradnode.node import read_kept, save_kept
 from gradnode.node.config import Config, ConfigError
 from gradnode.node.swarm.identity import Identity, verify
 from gradnode.protocol.genesis import Genesis
@@ -108,12 +108,7 @@ class KeptRevocations:
         self.key = dht_key(gate.run_id, "revocations")
         self.lists: list[bytes] = []  # fewest peers first, then oldest: the fullest last
         self._read_at = self._stored_at = -math.inf
-        try:
-            loaded = kept_revocations_of(path.read_bytes()) if path.exists() else []
-        except (OSError, RecordError) as err:  # a damaged file costs only what it kept
-            log.warning("kept revocation lists %s unreadable (%s); starting without them", path, err)
-            loaded = []
-        self._keep(loaded, save=False)
+        self._keep(read_kept(path, kept_revocations_of, "revocation lists"), save=False)
         if self.lists:
             log.info("kept revocation lists of run %s: %d peer(s) revoked", gate.run_id, len(gate.revoked))
 
@@ -150,10 +145,7 @@ class KeptRevocations:
             return
         self.lists = kept
         if save:
-            try:  # synced: a power loss leaves the old file or the new one, never an empty one
-                write_atomic(self.path, kept_blob(kept), sync=True)
-            except OSError as err:  # a full disk costs only this save: the gate and the DHT's copy hold them
-                log.warning("kept revocation lists not saved (%s)", err)
+            save_kept(self.path, kept_blob(kept), "revocation lists")
 
 
 def admit(authority: Identity, run_id: str, peer: str, expires: float) -> bytes:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Collection
 from pathlib import Path
 
-from gradnode.node import write_atomic
+from gradnode.node import read_kept, save_kept
 from gradnode.node.swarm.membership import Membership
 from gradnode.node.swarm.transport import Transport
 from gradnode.protocol import sync as rules
@@ -60,12 +60,7 @@ class Kept:
         self.name = kept_finished_name(membership.run_id)
         self.records: list[bytes] = []
         self._read_at = -math.inf
-        try:
-            loaded = _verified(membership, kept_finished_of(path.read_bytes())) if path.exists() else []
-        except (OSError, RecordError) as err:  # a damaged file costs only what it kept
-            log.warning("kept 'finished' records %s unreadable (%s); starting without them", path, err)
-            loaded = []
-        self._keep(loaded, save=False)
+        self._keep(_verified(membership, read_kept(path, kept_finished_of, "'finished' records")), save=False)
         if self.records:
             log.info("kept 'finished' records of run %s: %d, served again", membership.run_id, len(self.records))
 
@@ -88,10 +83,7 @@ class Kept:
         blob = kept_blob(records)
         self.transport.blobs.put(self.name, blob)
         if save:
-            try:  # synced: a power loss leaves the old file or the new one, never an empty one
-                write_atomic(self.path, blob, sync=True)
-            except OSError as err:  # a full disk costs only this save: the blob is served all the same
-                log.warning("kept 'finished' records not saved (%s)", err)
+            save_kept(self.path, blob, "'finished' records")
 
 
 def kept_elsewhere(membership: Membership, transport: Transport, initial_peers: list[str],

@@ -194,6 +194,11 @@ def check_multiaddr(text: str, need_peer_id: bool = False) -> str:
     return text
 
 
+def peer_id_of(maddr: str) -> str | None:
+    """The peer id a multiaddr ends with (after its last /p2p/; ``check_multiaddr`` spells /ipfs/ so), or None."""
+    return maddr.rsplit("/p2p/", 1)[1] if "/p2p/" in maddr else None
+
+
 def _ip(value: str, version: int) -> bool:
     try:
         return ipaddress.ip_address(value).version == version

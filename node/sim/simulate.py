@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from gradnode.node import write_json
+from gradnode.node.config import peer_id_of
 from gradnode.node.sim import faults, netns, zygote
 
 log = logging.getLogger(__name__)
@@ -392,8 +393,7 @@ def _peer_id(maddrs_file: Path) -> str | None:
     """The peer id in a process's address file (None before it wrote one)."""
     if not maddrs_file.exists():
         return None
-    found = [m.rsplit("/p2p/", 1)[1] for m in maddrs_file.read_text().split() if "/p2p/" in m]
-    return found[0] if found else None
+    return next(filter(None, map(peer_id_of, maddrs_file.read_text().split())), None)
 
 
 def swarm_round(s: SimSettings, groups: tuple[tuple[int, ...], ...] = ()) -> int:

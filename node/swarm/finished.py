@@ -23,6 +23,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 from gradnode.node import read_kept, save_kept
+from gradnode.node.config import peer_id_of
 from gradnode.node.swarm.membership import Membership
 from gradnode.node.swarm.transport import Transport
 from gradnode.protocol import sync as rules
@@ -96,8 +97,9 @@ def kept_elsewhere(membership: Membership, transport: Transport, initial_peers: 
     the silent ones, so records missing from this look may be there all the same)."""
     sources: dict[str, list[str]] = {}
     for maddr in initial_peers:
-        if "/p2p/" in maddr:
-            sources.setdefault(maddr.rsplit("/p2p/", 1)[-1], []).append(maddr)
+        peer = peer_id_of(maddr)
+        if peer is not None:
+            sources.setdefault(peer, []).append(maddr)
     if not sources or not authors:
         return [], True
     try:

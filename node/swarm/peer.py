@@ -34,7 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from gradnode.node.config import Config
+from gradnode.node.config import Config, peer_id_of
 from gradnode.node.swarm import admission, adversary, finished, health
 from gradnode.node.swarm.addressbook import AddressBook, with_peer_id
 from gradnode.node.swarm.agreement import abstain
@@ -278,7 +278,7 @@ class Peer:
         than hivemind allows at the start: a warning, and health.json says so."""
         try:
             me = self.identity.peer_id
-            initial = [p for p in dict.fromkeys(m.rsplit("/p2p/", 1)[-1] for m in self.sw.initial_peers) if p != me]
+            initial = [p for p in dict.fromkeys(map(peer_id_of, self.sw.initial_peers)) if p is not None and p != me]
             voters = self._voters()
             seen = sorted(p for p, m in self.membership.fresh().items()
                           if p != me and p not in initial and m.training and (not voters or p in voters))
@@ -302,8 +302,9 @@ class Peer:
         absent = [p for p, e in self.book.entries.items() if p not in members and wall - e.seen < DIAL_WINDOW_S]
         targets = self.book.due(absent, limit=8, now=now)
         for maddr in self.sw.initial_peers:
-            peer = maddr.rsplit("/p2p/", 1)[-1]
-            if peer not in members and peer != self.identity.peer_id and all(peer != p for p, _ in targets):
+            peer = peer_id_of(maddr)
+            if peer is not None and peer not in members and peer != self.identity.peer_id and \
+                    all(peer != p for p, _ in targets):
                 targets.append((peer, [maddr]))
         for peer, ok in self.transport.dial(targets).items():
             self.book.dialled(peer, ok, now)

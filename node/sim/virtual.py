@@ -1476,6 +1476,8 @@ def print_summary(out: dict[str, Any]) -> None:
               f"{out['kept_out']}; peer-rounds that applied a liar's update {out['liar_rounds']}, that counted it "
               f"(the robust rule's screens) {', '.join(str(out['counted'][f'p{i:04d}']) for i, _ in out['scenario']['liars'])}; "
               f"honest updates screened out {out['honest_screened']}")
+    if any(k == "futurestate" for _, k in sc["liars"]):
+        print(f"states claimed past the run's end that a peer adopted: {out['far_states']}")
     if sc["swizzle_at"] >= 0:
         print(f"swizzle-clogging from round {sc['swizzle_at']}: a link clogs every {sc['swizzle_s']:g} s, then they "
               f"unclog (the rounds to converge count from the last)")

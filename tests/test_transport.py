@@ -63,13 +63,14 @@ def test_a_value_no_key_owns_is_refused_and_blinds_no_key(trio) -> None:
 
     a, b, c = trio
     key = "gradnode/run/members"
-    assert a.store(key, b"before", ttl=30)
+    assert settles(lambda: a.store(key, b"before", ttl=30))
     far = get_dht_time() + 10 * 365 * 86400.0
     with c._dht_lock:
         c._dht.store(key, b"junk", far)
         c._dht.store(key, b"junk", far, subkey="nobody")
-    assert a.store(key, b"from-a", ttl=30)
-    assert b.read(key) == [(a.peer_id, b"from-a")]
+    # a loaded machine can fail one store or read (a timeout): tried again, as the node does; refused, never stored
+    assert settles(lambda: a.store(key, b"from-a", ttl=30))
+    assert settles(lambda: b.read(key) == [(a.peer_id, b"from-a")])
 
 
 def test_one_node_writes_the_records_of_keys_in_bulk_each_under_its_own_key(trio, tmp_path: Path) -> None:

@@ -109,6 +109,26 @@ def winner(tails: Mapping[str, Sequence[Link]], serving: Collection[str] | None 
     return found[0] if found and decided(found, unsure) else []
 
 
+def vouched(tails: Mapping[str, Sequence[Link]], peers: Collection[str]) -> set[Link]:
+    """The states (links) that the tails of more than half of ``peers`` list. A tail is a claim: a key that lists
+    a made-up state after the honest chain's newest agrees with every honest tail (they share the rounds before
+    it), so the chain rule counts it on the honest chain, and a state only it lists must not be adopted."""
+    counts: dict[Link, int] = {}
+    for p in peers:
+        for link in set(tails.get(p, ())):
+            counts[link] = counts.get(link, 0) + 1
+    return {link for link, n in counts.items() if 2 * n > len(peers)}
+
+
+def adoptable(tails: Mapping[str, Sequence[Link]], serving: Collection[str] | None = None) -> set[Link]:
+    """The states a peer looking for one may adopt, by the tails of the others' member records: those more than
+    half of the winning chain's peers list (``vouched``); while no verdict stands, those more than half of all
+    the tails list (two keys listing one made-up round under two hashes leave every honest tail unsure: no
+    verdict, and a state one of them lists must not win then either). Empty when no tail is given."""
+    tails = {p: t for p, t in tails.items() if t}
+    return vouched(tails, winner(tails, serving) or list(tails))
+
+
 def unsettled(mine: Sequence[Link], others: Mapping[str, Sequence[Link]], my_round: int,
               rounds: Mapping[str, int]) -> list[str]:
     """The peers that do not hold our newest state yet, at the end of a run: behind our round (``rounds``,

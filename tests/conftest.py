@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -152,6 +153,15 @@ def swarm_metrics(summary: dict[str, Any], index: int) -> list[dict[str, Any]]:
 CHAIN_EVENTS = ("another chain", "state adopted", "re-sync", "differs from the majority", "giving it up",
                 "leads among the live", "following the proposal", "equivocated", "undecided", "outcome dropped",
                 "exchanged on hash")
+
+
+def settles(check: Callable[[], Any], within_s: float = 60.0) -> bool:
+    """``check()`` is true now or turns true within ``within_s`` (a DHT store or read that a loaded machine fails
+    once, a counter another thread updates)."""
+    end = time.monotonic() + within_s
+    while not check() and time.monotonic() < end:
+        time.sleep(0.02)
+    return bool(check())
 
 
 def explain(summary: dict[str, Any], tail: int = 25) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import explain
+from conftest import explain, settles
 from gradnode.node.train import checkpoint
 from gradnode.node.sim import faults
 from gradnode.node.config import SwarmConfig
@@ -215,6 +215,55 @@ def test_a_state_claimed_far_ahead_is_refused(tmp_path: Path, monkeypatch: pytes
             patched.setattr(statesync, "beyond_reach", lambda membership, me: lambda offer: False)
             got = fetch()
             assert got is not None and got[1].round == 10**6  # the attack, without the ceiling
+    finally:
+        for t in made:
+            t.close()
+
+
+def test_a_state_one_key_claims_a_few_rounds_ahead_of_the_chain_is_refused(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """futurestate within reach, on real transports: donors a and b hold round 4 (tails to round 3) and offer it;
+    key l's member record lists the same tail and then round 8 under a hash of its making, and offers that state
+    (within RECORD_LAG of the others: beyond_reach lets it by). Its tail agrees with every honest one, so the chain
+    rule counts it on the winning chain. The joiner adopts only a state more than half of the winners list
+    (chain.adoptable): a's and b's. Without that rule (every winner's link trusted, as before) it takes l's."""
+    from gradnode.node.swarm import statesync
+    from gradnode.node.swarm.membership import Membership
+
+    cfg = SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"], state_chunk_bytes=65536)
+    honest_tail = [(r, f"{r:02d}" * 32) for r in range(4)]
+    made: list[Transport] = []
+    try:
+        nodes = []
+        for name, round_, tail in (("a", 4, honest_tail), ("b", 4, honest_tail),
+                                   ("l", 9, honest_tail + [(8, "e" * 64)]), ("j", 0, [])):
+            ident = load_or_create(tmp_path / name)
+            t = Transport(cfg if not made else cfg.model_copy(update={"initial_peers": made[0].maddrs()}), ident)
+            made.append(t)
+            t.start()
+            m = Membership(t, ident, "run", ttl=60)
+            assert settles(lambda: m.publish(round_=round_, training=True, step_seconds=0.1, inner_steps=4,
+                                             tokens_per_s=1.0, rejected=0, loss=None, chain=tail))
+            nodes.append(m)
+        *donors, liar, joiner = nodes
+        state = {"w": torch.arange(1000, dtype=torch.float32), "round": 4}
+        for m in donors:
+            statesync.offer(state, honest_tail[-1][1], 4, transport=m.transport, membership=m, cfg=cfg, run_id="run")
+        statesync.offer({**state, "round": 9}, "e" * 64, 9, transport=liar.transport, membership=liar, cfg=cfg,
+                        run_id="run")
+        assert settles(lambda: len(joiner.members(max_age=0)) == 4)
+
+        def fetch() -> object:
+            return statesync.fetch(transport=joiner.transport, membership=joiner, cfg=cfg, run_id="run",
+                                   min_round=1, deadline_s=60)
+
+        got = fetch()
+        assert got is not None and got[1].round == 4 and got[1].peer != liar.identity.peer_id
+        with monkeypatch.context() as patched:  # every link of a winner trusted: the rule before
+            patched.setattr(statesync.chain, "adoptable", lambda tails, serving=None: {
+                link for p in statesync.chain.winner(tails, serving) for link in tails[p]})
+            got = fetch()
+            assert got is not None and got[1].round == 9 and got[1].peer == liar.identity.peer_id  # the attack
     finally:
         for t in made:
             t.close()

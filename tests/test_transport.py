@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import settles
 from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm import transport
 from gradnode.node.swarm.identity import load_or_create
@@ -98,14 +99,6 @@ def test_one_node_writes_the_records_of_keys_in_bulk_each_under_its_own_key(trio
             node.store("k", b"x", ttl=30, owner=a.identity)
     finally:
         node.close()
-
-
-def settles(check, within_s: float = 60.0) -> bool:
-    """``check()`` is true now or turns true within ``within_s`` (a counter another thread updates)."""
-    end = time.monotonic() + within_s
-    while not check() and time.monotonic() < end:
-        time.sleep(0.02)
-    return check()
 
 
 def test_a_replayed_leaving_record_does_not_make_a_peer_leave(trio, monkeypatch: pytest.MonkeyPatch) -> None:

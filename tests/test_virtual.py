@@ -311,15 +311,18 @@ def test_swizzle_clogging_ends_on_one_hash_within_a_few_rounds_of_the_last_unclo
     2 s (what they carry waits), then unclog one every 2 s in another order. Peers then see different records:
     rounds split (the known weakness of today's rule, as with late records) and the hash check re-syncs the
     minority. In every seed: no stall, no round waited out, one hash at the end, and the last re-sync within
-    3 rounds of the last unclog (the measured worst over these seeds: 0, and over 60 seeds; 9 when a peer that
-    found no state offer stalled for max_wait_s instead of reading the offers again, as the node does, and 6 in
-    seed 14 when a hash mismatch's look kept the winners of its start, who had moved on, instead of reading the
-    winning chain afresh at each read)."""
+    5 rounds of the last unclog. Measured over 200 seeds (stop 52): 5 in seeds 5 and 143, 3 in one, 2 or less in
+    the rest. Before the re-syncs took only states most of the winners list (chain.adoptable, against made-up
+    states) the worst was 3 (1 in these 15 seeds): a peer now often adopts the state a round before the newest,
+    and in those two seeds the round after it had to come over links still clogged. 9 when a peer that found no
+    state offer stalled for max_wait_s instead of reading the offers again, as the node does, and 6 in seed 14
+    when a hash mismatch's look kept the winners of its start, who had moved on, instead of reading the winning
+    chain afresh at each read."""
     splits = 0
     for seed in seeds(15):
         out = virtual.run(virtual.Scenario(peers=8, rounds=30, seed=seed, late_p=0.0, record_ttl_s=9.0, swizzle_at=3))
         assert out["final_hashes"] == 1 and not out["stalled"] and out["waited_out"] == 0, f"seed={seed}: {out}"
-        assert out["rounds_to_converge"] is not None and out["rounds_to_converge"] <= 3, f"seed={seed}: {out}"
+        assert out["rounds_to_converge"] is not None and out["rounds_to_converge"] <= 5, f"seed={seed}: {out}"
         splits += bool(out["violations"])
     assert splits, "no round split: the clogging no longer tests the repair"
 
@@ -381,28 +384,39 @@ def test_a_flood_of_records_far_ahead_holds_no_round_open(monkeypatch: pytest.Mo
     assert out["waited_out"] > 2 * sc["peers"], out
 
 
-def test_a_state_claimed_far_ahead_is_taken_by_no_joiner(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A 'futurestate' liar: an honest witness and update whose records list, after its chain's tail, a state a
-    million rounds on under a hash of its making, and offer it. The chain rule groups that tail with the honest
-    chain (they agree on every round they share), so the winning chain lists the far state; what refuses the offer
-    is protocol/sync.py's beyond_reach, as the node's statesync: no round more than RECORD_LAG past every other
-    voting trainer's record. In every seed the joiners and the restarted peer take the swarm's state and the run
-    ends on one hash (this churn splits a round now and then, liar or not; the re-syncs repair it). Without the
-    rule each of them takes the liar's state (past the run's end: it never trains again). Two such liars, or one
-    claiming a state a few rounds ahead, are not refused: node/SWARM.md, "Not done yet"."""
+@pytest.mark.parametrize("liars,ahead", [("futurestate:3", 10**6), ("futurestate:3", 5),
+                                         ("futurestate:3,futurestate:4", 10**6)])
+def test_a_state_claimed_ahead_of_the_chain_is_taken_by_no_joiner(liars: str, ahead: int,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """'futurestate' liars: honest witnesses and updates whose records list, after their chain's tail, a state
+    ``ahead`` rounds on under a hash of their making, and offer it. The chain rule groups such a tail with the honest
+    chain (they agree on every round they share), so a state any winner lists was trusted. Two rules refuse the
+    offers now: no round more than RECORD_LAG past every other voting trainer's record (protocol/sync.py
+    beyond_reach: a million rounds on), and only a state more than half of the winners list, or while no verdict
+    stands more than half of all tails (chain.adoptable: 5 rounds on, within RECORD_LAG; and two such keys, whose
+    made-up round under two hashes leaves every honest tail unsure, so no verdict stands). In every seed no joiner or
+    restarted peer takes a made-up state and all three get level; the run ends on one hash, except with two keys,
+    whose 'fork' still stops the chain rule's verdict (2 of 40 seeds end on two hashes: node/SWARM.md, "Not done
+    yet"). Without the rules every joiner takes a made-up state (40 of 40 seeds measured)."""
     churn = "join:6@r4,kill:2@r3,restart:2@r9,join:7@r12"
+    monkeypatch.setattr(virtual, "FUTURE_ROUNDS", ahead)
 
     def run(seed: int) -> dict:
         return virtual.run(virtual.Scenario(peers=8, rounds=20, seed=seed, late_p=0.0,
-                                            **virtual.parse_faults(f"futurestate:3,{churn}", 8)))
+                                            **virtual.parse_faults(f"{liars},{churn}", 8)))
 
     for seed in seeds(10):
         out = run(seed)
-        assert out["far_states"] == 0 and out["downloads"] + out["catchups"] == 3, f"seed={seed}: {out}"
-        assert out["final_hashes"] == 1 and not out["stalled"], f"seed={seed}: {out}"
+        assert out["made_up"] == 0 and out["downloads"] + out["catchups"] == 3, f"seed={seed}: {out}"
+        assert not out["stalled"] and (out["final_hashes"] == 1 or "," in liars), f"seed={seed}: {out}"
+    # the rules before: every winner's link trusted (a verdict or none), and no ceiling on the round
+    monkeypatch.setattr(virtual.chain, "adoptable", lambda tails, serving=None: {
+        link for p in virtual.chain.winner(tails) for link in tails[p]})  # none: the hash most offerers give
+    monkeypatch.setattr(virtual.chain, "vouched",
+                        lambda tails, peers: {link for p in peers for link in tails.get(p, ())})
     monkeypatch.setattr(virtual.sync_rules, "beyond_reach", lambda offer, reported: False)
     out = run(0)
-    assert out["far_states"] == 3 and out["final_hashes"] > 1, out
+    assert out["made_up"] == 3 and out["final_hashes"] > 1, out
 
 
 def test_claims_of_round_time_move_no_pace_but_the_last_rounds_senders(monkeypatch: pytest.MonkeyPatch) -> None:

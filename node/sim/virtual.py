@@ -59,8 +59,9 @@ Adversaries (``Scenario.liars``): a real core whose outputs a policy rewrites, n
   ``FUTURE_ROUNDS`` past its newest under a hash of its making, and offer that state (the chain rule groups it
   with the honest chain: the tails agree on every round they share). A peer looking for a state refuses an offer
   claiming a round more than ``sync.RECORD_LAG`` past every other voting trainer's record (protocol/sync.py
-  ``beyond_reach``, as node/swarm/statesync.py); one that takes it holds a state past the run's end
-  (``far_states``). The node's 'futurestate' lists the claimed state alone, a chain of one the rule refuses anyway.
+  ``beyond_reach``, as node/swarm/statesync.py), and adopts only a state more than half of the winners' tails list
+  (``chain.adoptable``); one that takes a made-up state counts in ``made_up``, and in ``far_states`` when it lies
+  past the run's end. The node's 'futurestate' lists the claimed state alone, a chain of one the rule refuses anyway.
 - ``stretch``: an honest witness and update whose member records claim an hour a round (``PACE_LIE_S``), and
   ``Scenario.sybil_pace_s``: the sybil keys' records claim that many seconds. ``Scenario.pace = "everyone"``
   paces on every record in sight instead of the last round's senders' (the rule an attacker would want).
@@ -343,6 +344,8 @@ class Simulation:
         self.life = sorted(((r, n, action, f"p{i:04d}") for n, (action, i, r) in enumerate(sc.life)))
         self.downloads = 0  # states a (re)starting peer adopted
         self.catchups = 0  # (re)starting peers that replayed the rounds they missed instead
+        self.made_up = 0  # states adopted by honest peers that a liar made up
+        self.fakes: set[chain.Link] = set()  # the states liars made up
         self.far_states = 0  # states adopted that claim a round past the run's end (a 'futurestate' liar's)
         self.abstained = 0  # honest peer-rounds sat out (too slow for the round's deadline)
         self.cut_short = 0  # honest peer-rounds computed with fewer steps than inner_steps (the stop time)
@@ -526,6 +529,7 @@ class Simulation:
             far = tail[-1][0] + FUTURE_ROUNDS
             chain_[far] = _digest(p.id, far, tail[-1][1])[:16]
             tail += ((far, chain_[far]),)
+            self.fakes.add(tail[-1])
         if p.offer is None or p.offer[0] != tail:
             p.offer = (tail, chain_, dict(p.applied), dict(p.ledger), p.reputation)
         record = (tail, p.offer, PACE_LIE_S if p.lie == "stretch" else p.step_s * self.sc.inner_steps)
@@ -623,6 +627,7 @@ class Simulation:
             p.busy_until = self.now + JOIN_LOOK_S
         if offer is not None:
             tail, hashes, applied, ledger, p.reputation = offer
+            self.made_up += tail[-1] in self.fakes and not p.lie
             start = tail[-1][0] + 1
             # replay the missed rounds (their updates, fetched from any holder) or download the state: a peer
             # with no history of its own, or whose newest round is not on the offer's chain, downloads
@@ -1173,8 +1178,7 @@ class Simulation:
         is offered (an older one is not taken instead). (None, 0) when nothing is offered. The state is the lowest
         reachable id's (every donor of one round on one chain offers the same state)."""
         if links is None:
-            tails = self._tails(p, with_me=False)
-            links = {link for w in chain.winner(tails) for link in tails[w]}
+            links = chain.adoptable(self._tails(p, with_me=False))
         offers = [_Offer(q, t[-1][0] + 1, t[-1][1], offer) for q, (seen, t, offer, _) in p.records.items()
                   if q != p.id and t and offer is not None and self._fresh(p, q, seen) and t[-1][0] > after]
         # none claiming a round more than RECORD_LAG past every other voting trainer's record (statesync.beyond_reach:
@@ -1194,8 +1198,7 @@ class Simulation:
         (a hash mismatch), as the node's does, then carries on with its own state."""
         links = None
         if fork:
-            tails = self._tails(p, with_me=False)
-            links = {link for w in winners for link in tails.get(w, ())}
+            links = chain.vouched(self._tails(p, with_me=False), winners)
         look_s = FORK_SYNC_S if fork else self.sc.params.max_wait_s
         offer, dead = self._newest_offer(p, links)
         if offer is None:
@@ -1226,6 +1229,7 @@ class Simulation:
         after the offer's are computed again)."""
         tail, hashes, applied, ledger, p.reputation = offer
         newest = tail[-1][0]
+        self.made_up += tail[-1] in self.fakes and not p.lie
         p.resyncs += 1
         self.far_states += newest >= self.sc.rounds and not p.lie
         self.repairs.append(newest - r)
@@ -1286,7 +1290,7 @@ class Simulation:
                 "rounds_to_converge": converged, "final_hashes": len(final),
                 "resyncs": sum(p.resyncs for p in self.peers.values() if not p.lie), "undecided": self.undecided,
                 "waited_out": self.waited_out, "no_offer": self.no_offer, "downloads": self.downloads,
-                "catchups": self.catchups, "far_states": self.far_states,
+                "catchups": self.catchups, "far_states": self.far_states, "made_up": self.made_up,
                 "abstained": self.abstained, "cut_short": self.cut_short,
                 "contributed": {q: applied[q] for q in self.peers},
                 "kept_out": self._kept_out(),
@@ -1477,7 +1481,7 @@ def print_summary(out: dict[str, Any]) -> None:
               f"(the robust rule's screens) {', '.join(str(out['counted'][f'p{i:04d}']) for i, _ in out['scenario']['liars'])}; "
               f"honest updates screened out {out['honest_screened']}")
     if any(k == "futurestate" for _, k in sc["liars"]):
-        print(f"states claimed past the run's end that a peer adopted: {out['far_states']}")
+        print(f"states a liar made up that a peer adopted: {out['made_up']} ({out['far_states']} past the run's end)")
     if sc["swizzle_at"] >= 0:
         print(f"swizzle-clogging from round {sc['swizzle_at']}: a link clogs every {sc['swizzle_s']:g} s, then they "
               f"unclog (the rounds to converge count from the last)")

@@ -31,6 +31,7 @@ class ChainView:
     groups: int = 1  # chains among them
     on_winner: bool = True  # this peer follows the chain most of them follow
     winner_links: set[Link] = field(default_factory=set)  # the states that chain lists
+    adoptable: set[Link] = field(default_factory=set)  # those more than half its peers list (chain.vouched)
     winners: list[str] = field(default_factory=list)  # the peers following it
     tie: bool = False  # this peer's chain is followed by as many peers as the winning one
     mine: int = 1  # peers following this peer's chain, itself included
@@ -62,7 +63,8 @@ def chain_view(members: dict[str, MemberRecord], me: str, my_tail: list[Link],
     win = found[0]
     mine = next((g for g in found if me in g), [me])
     return ChainView(trainers=trainers, groups=len(found), on_winner=st.on_winner,
-                     winner_links={link for p in win for link in tails[p]}, winners=win,
+                     winner_links={link for p in win for link in tails[p]}, adoptable=chain.vouched(tails, win),
+                     winners=win,
                      tie=me not in win and len(mine) == len(win), mine=len(mine),
                      allies=[p for p in mine if p != me] if my_tail else [], me=me, tails=tails, standing=st)
 

@@ -649,7 +649,7 @@ class Peer:
             return False
         log.warning("this peer follows another chain than %d of %d trainers: adopting theirs", len(chains.winners),
                     chains.trainers)
-        return self._sync_state(reason="fork", force=True, links=chains.winner_links)
+        return self._sync_state(reason="fork", force=True, links=chains.adoptable)
 
     def _sync_state(self, reason: str, force: bool = False, links: set[Link] | None = None) -> bool:
         before = self.engine.round

@@ -79,13 +79,14 @@ def expected_hash(membership: Membership, round_: int) -> str | None:
 
 
 def winning_links(membership: Membership, me: str) -> set[Link]:
-    """The states (round, hash) that the chain most other live trainers follow lists (protocol/chain.py);
-    empty when no other member publishes its chain. A peer looking for a state does not vote: its own
-    chain is the one in doubt (with one other peer in sight, its own vote would make a tie it can win)."""
+    """The states (round, hash) more than half of the peers of the chain most other live trainers follow list
+    (protocol/chain.py ``adoptable``: one key's tail can list a made-up state after the honest chain's newest);
+    empty when no other member publishes its chain. A peer looking for a state does not vote: its own chain is
+    the one in doubt (with one other peer in sight, its own vote would make a tie it can win)."""
     votes = membership.votes()
     members = membership.fresh()
     tails = {p: m.chain for p, m in members.items() if m.training and m.chain and p != me and votes(p)}
-    return {link for p in chain.winner(tails, {p for p, m in members.items() if m.reachable}) for link in tails[p]}
+    return chain.adoptable(tails, {p for p, m in members.items() if m.reachable})
 
 
 def beyond_reach(membership: Membership, me: str) -> Callable[[StateManifest], bool]:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 Link = tuple[int, str]  # (round r, hash of the shared weights after applying round r)
 TAIL = 4  # states a peer publishes: peers of one chain are at most a round or two apart
+UNSETTLED_LOOKS = 3  # looks in a row with no verdict and off the reports' majority before a peer re-syncs (Follow)
 
 
 def agree(a: Sequence[Link], b: Sequence[Link]) -> bool | None:
@@ -120,13 +121,15 @@ def vouched(tails: Mapping[str, Sequence[Link]], peers: Collection[str]) -> set[
     return {link for link, n in counts.items() if 2 * n > len(peers)}
 
 
-def adoptable(tails: Mapping[str, Sequence[Link]], serving: Collection[str] | None = None) -> set[Link]:
+def adoptable(tails: Mapping[str, Sequence[Link]], serving: Collection[str] | None = None) -> set[Link] | None:
     """The states a peer looking for one may adopt, by the tails of the others' member records: those more than
     half of the winning chain's peers list (``vouched``); while no verdict stands, those more than half of all
     the tails list (two keys listing one made-up round under two hashes leave every honest tail unsure: no
-    verdict, and a state one of them lists must not win then either). Empty when no tail is given."""
+    verdict, and a state one of them lists must not win then either). None when no tail is given (nobody
+    published a chain: protocol/sync.py ``trusted_offers`` falls back on the weight reports); an empty set when
+    the tails vouch for no state (records lag, or keys list what nobody else does): nothing is adopted then."""
     tails = {p: t for p, t in tails.items() if t}
-    return vouched(tails, winner(tails, serving) or list(tails))
+    return vouched(tails, winner(tails, serving) or list(tails)) if tails else None
 
 
 def unsettled(mine: Sequence[Link], others: Mapping[str, Sequence[Link]], my_round: int,
@@ -148,6 +151,7 @@ class Standing:
     winners: tuple[str, ...]
     groups: int
     tie: bool = False  # off the winning chain only by the lowest-id rule (as many peers on ours)
+    decided: bool = True  # a verdict stands (``decided``); else on_winner is True for everyone
 
 
 def standing(tails: Mapping[str, Sequence[Link]], me: str, serving: Collection[str] | None = None) -> Standing:
@@ -158,7 +162,7 @@ def standing(tails: Mapping[str, Sequence[Link]], me: str, serving: Collection[s
         return Standing(True, False, (), len(unsure))
     win, own = found[0], tails.get(me)
     if not decided(found, unsure):
-        return Standing(True, False, tuple(win), len(found) + len(unsure))
+        return Standing(True, False, tuple(win), len(found) + len(unsure), decided=False)
     mine = next((g for g in found if me in g), [me])
     on = me in win or not own or (me in unsure and any(agree(own, tails[w]) for w in win))
     tie = not on and len(mine) == len(win)
@@ -178,12 +182,26 @@ class Follow:
     re-syncs at once ('resync'). Off the majority while the chain rule says its chain wins: nothing. The two
     signals are read from different records at different moments; acting on either alone let the two sides
     of a healed 2|2 split each adopt the other's chain within seconds (one side's re-sync, whose report
-    count missed one of its own allies, and the other side's fork sync), and the swarm stayed split."""
+    count missed one of its own allies, and the other side's fork sync), and the swarm stayed split.
+
+    While no verdict stands (``Standing.decided`` False: peers that cannot tell yet could tip it), nobody leaves
+    its chain by the chain rule; a peer off the reports' majority in UNSETTLED_LOOKS looks in a row re-syncs
+    ('resync': it then adopts only a state more than half of all tails list, ``adoptable``). A split's laggards
+    tell within a round or two; two keys listing one made-up round under two hashes after the honest chain's
+    newest keep every honest peer unsure for as long as they like, and a peer off the chain stayed off it."""
 
     lost: int = 0  # looks in a row that found this peer off the winning chain
+    stuck: int = 0  # looks in a row with no verdict that found it off the reports' majority
 
     def step(self, s: Standing, off_majority: bool) -> str | None:
         """'resync', 'look again' or None (see the class)."""
+        if not s.decided and off_majority:
+            self.lost, self.stuck = 0, self.stuck + 1
+            if self.stuck >= UNSETTLED_LOOKS:
+                self.stuck = 0
+                return "resync"
+            return None
+        self.stuck = 0
         if s.on_winner:
             self.lost = 0
             return None

@@ -49,16 +49,17 @@ def beyond_reach(offer: Offer, reported: Mapping[str, int]) -> bool:
     return bool(others) and offer.round > max(others) + RECORD_LAG
 
 
-def trusted_offers(offers: Sequence[O], *, links: Collection[tuple[int, str]],
+def trusted_offers(offers: Sequence[O], *, links: Collection[tuple[int, str]] | None,
                    expected: Callable[[int], str | None]) -> list[O]:
-    """The offers of the newest round on the chain the swarm follows: a state whose (round - 1, hash) the
-    winning chain lists (``links``); without a published chain, the hash the majority reported after the
-    previous round (``expected(round)``, asked only for the rounds looked at, newest first; None: nobody
+    """The offers of the newest round on the chain the swarm follows: a state whose (round - 1, hash) is in
+    ``links`` (chain.adoptable: the states most of the winning chain lists; an empty set trusts nothing: the tails
+    in sight vouch for no state yet); without any published chain (None), the hash the majority reported after
+    the previous round (``expected(round)``, asked only for the rounds looked at, newest first; None: nobody
     reported), or else the one most offerers give (a tie: the greatest hash). Empty when no round has such
     an offer."""
     for round_ in sorted({o.round for o in offers}, reverse=True):
         here = [o for o in offers if o.round == round_]
-        if links:
+        if links is not None:
             good = [o for o in here if (round_ - 1, o.param_hash) in links]
         else:
             want = expected(round_)

@@ -7,8 +7,8 @@ import random
 from pathlib import Path
 
 from gradnode.node.swarm.addressbook import MAX_ENTRIES, AddressBook, with_peer_id
-from gradnode.protocol.chain import (Follow, Standing, adoptable, agree, groups, split, standing, unsettled, vouched,
-                                     winner)
+from gradnode.protocol.chain import (UNSETTLED_LOOKS, Follow, Standing, adoptable, agree, groups, split, standing,
+                                     unsettled, vouched, winner)
 
 
 def tail(prefix: str, newest: int, n: int = 4) -> list[tuple[int, str]]:
@@ -95,7 +95,12 @@ def test_a_state_one_key_lists_ahead_of_the_chain_is_never_adoptable() -> None:
     # a lone peer on the chain (a run of two) vouches for its own states, as before
     assert adoptable({"p1": tail("aa", 20)}) == set(tail("aa", 20))
     assert vouched(tails, ["p1", "liar"]) == set(tail("aa", 20))  # 1 of 2 is not more than half
-    assert adoptable({}) == set() and adoptable({"p1": []}) == set()
+    assert adoptable({}) is None and adoptable({"p1": []}) is None  # no chain published: the reports decide
+    # honest records lagging and one just re-synced (a tail of one state): a verdict stands, and nothing is listed
+    # by more than half of the four; the key's made-up state, 5 rounds on, is not adoptable, nor is anything else
+    lagging = {"h1": tail("aa", 20), "h2": tail("aa", 20, 1), "h3": tail("aa", 19), "x": [(16, "aa0000010"),
+                                                                                      (25, "made-up")]}
+    assert winner(lagging) == ["h1", "h2", "h3", "x"] and adoptable(lagging) == set()
 
 
 def test_with_no_verdict_only_what_most_tails_list_is_adoptable() -> None:
@@ -129,6 +134,27 @@ def test_the_chain_rule_decides_and_the_reports_only_hasten_it() -> None:
     assert [f.step(tie, False) for _ in range(4)] == [None, None, None, "look again"]
     f = Follow()
     assert [f.step(lost, False), f.step(won, False), f.step(lost, False)] == [None, None, None]  # not in a row
+
+
+def test_with_no_verdict_for_three_looks_a_peer_off_the_reports_majority_re_syncs() -> None:
+    """While no verdict stands, everybody counts as on the winning chain (``standing``). A split's laggards tell
+    within a round or two; two keys listing one made-up round under two hashes keep every honest tail unsure for
+    good, and a peer off the chain stayed off it (the simulator: 2 of 40 seeds ended on two hashes). Off the
+    reports' majority in UNSETTLED_LOOKS looks in a row with no verdict, it re-syncs; a verdict or a look on the
+    majority in between starts the count again."""
+    honest = {p: tail("aa", 20) for p in ("p1", "p2", "p3", "p4")}
+    tails = {**honest, "x": tail("aa", 20) + [(21, "x-made")], "y": tail("aa", 20) + [(21, "y-made")],
+             "me": tail("aa", 17) + [(18, "forked"), (19, "forked")]}
+    st = standing(tails, "me")
+    assert st.on_winner and not st.decided
+    assert UNSETTLED_LOOKS == 3
+    f = Follow()
+    assert [f.step(st, True) for _ in range(3)] == [None, None, "resync"]
+    assert [f.step(st, False) for _ in range(4)] == [None] * 4  # on the majority: nothing, however long
+    won = Standing(True, False, ("a",), 2)
+    f = Follow()
+    assert [f.step(st, True), f.step(st, True), f.step(won, True), f.step(st, True)] == [None] * 4  # not in a row
+    assert [f.step(st, True), f.step(st, True)] == [None, "resync"]
 
 
 def test_two_groups_reading_each_other_a_round_apart_reach_the_same_verdict() -> None:

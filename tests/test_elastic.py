@@ -229,6 +229,7 @@ def test_a_state_one_key_claims_a_few_rounds_ahead_of_the_chain_is_refused(tmp_p
     (chain.adoptable): a's and b's. Without that rule (every winner's link trusted, as before) it takes l's."""
     from gradnode.node.swarm import statesync
     from gradnode.node.swarm.membership import Membership
+    from gradnode.protocol.records import StateManifest
 
     cfg = SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"], state_chunk_bytes=65536)
     honest_tail = [(r, f"{r:02d}" * 32) for r in range(4)]
@@ -252,6 +253,7 @@ def test_a_state_one_key_claims_a_few_rounds_ahead_of_the_chain_is_refused(tmp_p
         statesync.offer({**state, "round": 9}, "e" * 64, 9, transport=liar.transport, membership=liar, cfg=cfg,
                         run_id="run")
         assert settles(lambda: len(joiner.members(max_age=0)) == 4)
+        assert settles(lambda: len(joiner.read("state", None, StateManifest)) == 3)  # all three offers in sight
 
         def fetch() -> object:
             return statesync.fetch(transport=joiner.transport, membership=joiner, cfg=cfg, run_id="run",
@@ -261,7 +263,7 @@ def test_a_state_one_key_claims_a_few_rounds_ahead_of_the_chain_is_refused(tmp_p
         assert got is not None and got[1].round == 4 and got[1].peer != liar.identity.peer_id
         with monkeypatch.context() as patched:  # every link of a winner trusted: the rule before
             patched.setattr(statesync.chain, "adoptable", lambda tails, serving=None: {
-                link for p in statesync.chain.winner(tails, serving) for link in tails[p]})
+                link for p in statesync.chain.winner(tails, serving) for link in tails[p]} or None)
             got = fetch()
             assert got is not None and got[1].round == 9 and got[1].peer == liar.identity.peer_id  # the attack
     finally:

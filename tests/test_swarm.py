@@ -145,6 +145,34 @@ def test_a_round_exchanged_on_a_chain_a_resync_left_is_observed_on_the_chain_hel
     assert observed == [r]
 
 
+def test_a_fork_sync_adopts_only_a_state_most_of_the_winning_chain_lists(tmp_path) -> None:
+    """Peer._follow_winning_chain, off the winning chain on a fresh look: it asks for a state of the links most of
+    the winners list (health.chain_view's ``adoptable``), and when their tails vouch for none (records lag; a key
+    whose tail lists a made-up state), it adopts nothing this look. Before, an empty set of links was no set: the
+    look fell back on the hash most offerers give, a key's made-up state the newest of them."""
+    from types import SimpleNamespace
+
+    from _tiny import tiny_config
+    from gradnode.node.swarm.health import chain_view
+    from gradnode.node.swarm.peer import Peer
+
+    peer = Peer(tiny_config(tmp_path))
+    me = peer.identity.peer_id
+    honest = [(r, f"h{r}") for r in range(17, 21)]
+    members = lambda **tails: {p: SimpleNamespace(training=True, chain=t) for p, t in tails.items()}  # noqa: E731
+    asked: list = []
+    peer.engine = SimpleNamespace(round=21)  # the state it holds (the sync below adopts none)
+    peer.sync = SimpleNamespace(level=lambda reason, force, links: asked.append(links) or True)
+    peer._look_at_chains = lambda: chain_view(members(a=honest, b=honest, c=honest[:2] + [(25, "made-up")]), me,
+                                              [(19, "mine"), (20, "mine")])
+    assert peer._follow_winning_chain() and asked == [set(honest)]  # the key's state is no link most list
+    # a's record is of round 20, b just re-synced (one state), c's a round behind; x lists c's oldest and its own:
+    # no state is listed by more than 2 of the 4
+    lagging = members(a=honest, b=honest[-1:], c=[(16, "h16")] + honest[:3], x=[(16, "h16"), (25, "made-up")])
+    peer._look_at_chains = lambda: chain_view(lagging, me, [(19, "mine"), (20, "mine")])
+    assert not peer._follow_winning_chain() and len(asked) == 1
+
+
 def test_a_peer_that_adopts_an_earlier_state_keeps_the_updates_of_the_rounds_it_redoes(tmp_path) -> None:
     """After a healed split, the winning side's round of the merge took the losing side's updates too; a loser
     then adopts the state that round starts from and redoes it as an observer, so it needs those updates, its

@@ -46,11 +46,14 @@ def test_the_newest_offer_on_the_winning_chain_is_trusted_not_the_most_offered()
 
 def test_without_a_chain_the_reported_hash_then_the_most_offered_hash_is_trusted() -> None:
     offers = [Offer("x", 9, "a"), Offer("y", 9, "b"), Offer("z", 9, "b")]
-    assert sync.trusted_offers(offers, links=set(), expected={9: "a"}.get) == [Offer("x", 9, "a")]
-    assert sync.trusted_offers(offers, links=set(), expected={9: None}.get) == [Offer("y", 9, "b"), Offer("z", 9, "b")]
+    assert sync.trusted_offers(offers, links=None, expected={9: "a"}.get) == [Offer("x", 9, "a")]
+    assert sync.trusted_offers(offers, links=None, expected={9: None}.get) == [Offer("y", 9, "b"), Offer("z", 9, "b")]
     # the reported hash nobody offers: an older round whose offers agree with its report
     older = offers + [Offer("w", 8, "c")]
-    assert sync.trusted_offers(older, links=set(), expected={9: "d", 8: "c"}.get) == [Offer("w", 8, "c")]
+    assert sync.trusted_offers(older, links=None, expected={9: "d", 8: "c"}.get) == [Offer("w", 8, "c")]
+    # chains published that vouch for no state (chain.adoptable's empty set) trust nothing: no fallback (a key
+    # could empty the set on purpose, with honest records lagging, and then offer the most or the only state)
+    assert sync.trusted_offers(offers, links=set(), expected={9: "a"}.get) == []
 
 
 def test_the_largest_group_of_offers_with_the_same_chunks_is_downloaded_first() -> None:

@@ -311,13 +311,13 @@ def test_swizzle_clogging_ends_on_one_hash_within_a_few_rounds_of_the_last_unclo
     2 s (what they carry waits), then unclog one every 2 s in another order. Peers then see different records:
     rounds split (the known weakness of today's rule, as with late records) and the hash check re-syncs the
     minority. In every seed: no stall, no round waited out, one hash at the end, and the last re-sync within
-    5 rounds of the last unclog. Measured over 200 seeds (stop 52): 5 in seeds 5 and 143, 3 in one, 2 or less in
-    the rest. Before the re-syncs took only states most of the winners list (chain.adoptable, against made-up
-    states) the worst was 3 (1 in these 15 seeds): a peer now often adopts the state a round before the newest,
-    and in those two seeds the round after it had to come over links still clogged. 9 when a peer that found no
-    state offer stalled for max_wait_s instead of reading the offers again, as the node does, and 6 in seed 14
-    when a hash mismatch's look kept the winners of its start, who had moved on, instead of reading the winning
-    chain afresh at each read."""
+    5 rounds of the last unclog. Measured over 200 seeds (stop 52): 5 in seeds 5 and 91, 4 in one, 3 in one, 2 or
+    less in the rest (180 at 0). Before the re-syncs took only states most of the winners list (chain.adoptable,
+    against made-up states) the worst was 3 (1 in these 15 seeds): a peer now often adopts the state a round
+    before the newest, and in seed 5 the round after it had to come over links still clogged. 9 when a peer that
+    found no state offer stalled for max_wait_s instead of reading the offers again, as the node does, and 6 in
+    seed 14 when a hash mismatch's look kept the winners of its start, who had moved on, instead of reading the
+    winning chain afresh at each read."""
     splits = 0
     for seed in seeds(15):
         out = virtual.run(virtual.Scenario(peers=8, rounds=30, seed=seed, late_p=0.0, record_ttl_s=9.0, swizzle_at=3))
@@ -395,9 +395,10 @@ def test_a_state_claimed_ahead_of_the_chain_is_taken_by_no_joiner(liars: str, ah
     beyond_reach: a million rounds on), and only a state more than half of the winners list, or while no verdict
     stands more than half of all tails (chain.adoptable: 5 rounds on, within RECORD_LAG; and two such keys, whose
     made-up round under two hashes leaves every honest tail unsure, so no verdict stands). In every seed no joiner or
-    restarted peer takes a made-up state and all three get level; the run ends on one hash, except with two keys,
-    whose 'fork' still stops the chain rule's verdict (2 of 40 seeds end on two hashes: node/SWARM.md, "Not done
-    yet"). Without the rules every joiner takes a made-up state (40 of 40 seeds measured)."""
+    restarted peer takes a made-up state, all three get level, and the run ends on one hash. Without the rules every
+    joiner takes a made-up state (40 of 40 seeds measured). Two keys' 'fork' keeps every verdict off: a peer that
+    the churn forked stayed off the chain to the end in 2 of 40 seeds (20, 36) before a peer off the reports'
+    majority for three looks with no verdict re-synced (chain.Follow, UNSETTLED_LOOKS)."""
     churn = "join:6@r4,kill:2@r3,restart:2@r9,join:7@r12"
     monkeypatch.setattr(virtual, "FUTURE_ROUNDS", ahead)
 
@@ -408,10 +409,15 @@ def test_a_state_claimed_ahead_of_the_chain_is_taken_by_no_joiner(liars: str, ah
     for seed in seeds(10):
         out = run(seed)
         assert out["made_up"] == 0 and out["downloads"] + out["catchups"] == 3, f"seed={seed}: {out}"
-        assert not out["stalled"] and (out["final_hashes"] == 1 or "," in liars), f"seed={seed}: {out}"
+        assert not out["stalled"] and out["final_hashes"] == 1, f"seed={seed}: {out}"
+    if "," in liars:  # seed 20: a forked peer, and no verdict while the two keys lie
+        assert run(20)["final_hashes"] == 1
+        with monkeypatch.context() as patched:
+            patched.setattr(virtual.chain, "UNSETTLED_LOOKS", 10**9)
+            assert run(20)["final_hashes"] == 2
     # the rules before: every winner's link trusted (a verdict or none), and no ceiling on the round
     monkeypatch.setattr(virtual.chain, "adoptable", lambda tails, serving=None: {
-        link for p in virtual.chain.winner(tails) for link in tails[p]})  # none: the hash most offerers give
+        link for p in virtual.chain.winner(tails) for link in tails[p]} or None)  # None: the hash most offerers give
     monkeypatch.setattr(virtual.chain, "vouched",
                         lambda tails, peers: {link for p in peers for link in tails.get(p, ())})
     monkeypatch.setattr(virtual.sync_rules, "beyond_reach", lambda offer, reported: False)

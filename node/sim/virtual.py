@@ -1195,10 +1195,13 @@ class Simulation:
         winners' tails list, from a peer p can reach now; a tie to the lowest id), as statesync.newest_offers:
         a fork's chain is ``winners``'s, a hash mismatch's the one the others follow (read again at each look,
         ``_newest_offer``'s links None). None: p's main loop looks for one for FORK_SYNC_S (a fork) or max_wait_s
-        (a hash mismatch), as the node's does, then carries on with its own state."""
+        (a hash mismatch), as the node's does, then carries on with its own state. A fork whose winners' tails
+        vouch for no state yet (chain.vouched: records lag) is left for the next look (Peer._follow_winning_chain)."""
         links = None
         if fork:
             links = chain.vouched(self._tails(p, with_me=False), winners)
+            if not links:
+                return
         look_s = FORK_SYNC_S if fork else self.sc.params.max_wait_s
         offer, dead = self._newest_offer(p, links)
         if offer is None:

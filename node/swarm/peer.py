@@ -647,6 +647,10 @@ class Peer:
         chains = self._look_at_chains()
         if not self.follow.confirm(chains.standing):
             return False
+        if not chains.adoptable:  # their tails vouch for no state yet (records lag): the next look may
+            log.info("this peer follows another chain than %d of %d trainers; no state most of them list yet",
+                     len(chains.winners), chains.trainers)
+            return False
         log.warning("this peer follows another chain than %d of %d trainers: adopting theirs", len(chains.winners),
                     chains.trainers)
         return self._sync_state(reason="fork", force=True, links=chains.adoptable)
@@ -655,7 +659,7 @@ class Peer:
         before = self.engine.round
         adopted = self.sync.level(reason, force, links)
         if adopted:
-            self.follow.lost = 0  # looks before a new state say nothing about it
+            self.follow.lost = self.follow.stuck = 0  # looks before a new state say nothing about it
         if adopted and self.engine.round < before:  # a chain given up: its newer checkpoints are moot
             from gradnode.node.train import checkpoint
 

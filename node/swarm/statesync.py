@@ -78,10 +78,11 @@ def expected_hash(membership: Membership, round_: int) -> str | None:
     return None if found is None else found[0]
 
 
-def winning_links(membership: Membership, me: str) -> set[Link]:
+def winning_links(membership: Membership, me: str) -> set[Link] | None:
     """The states (round, hash) more than half of the peers of the chain most other live trainers follow list
     (protocol/chain.py ``adoptable``: one key's tail can list a made-up state after the honest chain's newest);
-    empty when no other member publishes its chain. A peer looking for a state does not vote: its own chain is
+    None when no other member publishes its chain (the weight reports decide then), empty when the tails vouch
+    for no state yet (nothing is adopted). A peer looking for a state does not vote: its own chain is
     the one in doubt (with one other peer in sight, its own vote would make a tie it can win)."""
     votes = membership.votes()
     members = membership.fresh()
@@ -102,9 +103,9 @@ def newest_offers(membership: Membership, cfg: SwarmConfig, me: str, min_round: 
                   exclude: set[str] | frozenset[str] = frozenset(),
                   links: set[Link] | None = None) -> list[StateManifest]:
     """The offers of the newest round (>= ``min_round``, none ``beyond_reach``) on the chain the swarm
-    follows: a state whose (round, hash) the winning chain lists (``links``, by default read off the member
-    records); without any published chain, the hash of the previous round's majority report, or the one
-    most offerers give."""
+    follows: a state whose (round, hash) most of the winning chain's peers list (``links``, by default read off
+    the member records: ``winning_links``); without any published chain, the hash of the previous round's
+    majority report, or the one most offerers give."""
     is_beyond = beyond_reach(membership, me)
     manifests = [m for m in membership.read("state", None, StateManifest)
                  if m.peer != me and m.peer not in exclude and m.size <= cfg.max_state_bytes and m.round >= min_round]

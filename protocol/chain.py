@@ -158,8 +158,8 @@ def standing(tails: Mapping[str, Sequence[Link]], me: str, serving: Collection[s
     """``me``'s standing by the chain rule. On the winning chain: in its group, or with no tail yet, or unable
     to tell yet while agreeing with it (a round or more behind), or while no verdict stands (``decided``)."""
     found, unsure = split({p: t for p, t in tails.items() if t}, serving)
-    if not found:
-        return Standing(True, False, (), len(unsure))
+    if not found:  # every tail unsure (keys can list tails that agree and disagree in a cycle): no verdict either
+        return Standing(True, False, (), len(unsure), decided=not unsure)
     win, own = found[0], tails.get(me)
     if not decided(found, unsure):
         return Standing(True, False, tuple(win), len(found) + len(unsure), decided=False)
@@ -185,17 +185,19 @@ class Follow:
     count missed one of its own allies, and the other side's fork sync), and the swarm stayed split.
 
     While no verdict stands (``Standing.decided`` False: peers that cannot tell yet could tip it), nobody leaves
-    its chain by the chain rule; a peer off the reports' majority in UNSETTLED_LOOKS looks in a row re-syncs
-    ('resync': it then adopts only a state more than half of all tails list, ``adoptable``). A split's laggards
-    tell within a round or two; two keys listing one made-up round under two hashes after the honest chain's
-    newest keep every honest peer unsure for as long as they like, and a peer off the chain stayed off it."""
+    its chain by the chain rule; a peer off the reports' majority in UNSETTLED_LOOKS looks in a row, the
+    majority's state being one more than half of all tails list (``vouched_elsewhere``: the state its re-sync
+    then looks for, ``adoptable``), re-syncs ('resync'). A split's laggards tell within a round or two; two keys
+    listing one made-up round under two hashes after the honest chain's newest keep every honest peer unsure for
+    as long as they like, and a peer off the chain stayed off it. Off a majority whose state the tails do not
+    vouch for (an even split, reports a few keys tip), a re-sync would find nothing to adopt: it waits."""
 
     lost: int = 0  # looks in a row that found this peer off the winning chain
     stuck: int = 0  # looks in a row with no verdict that found it off the reports' majority
 
-    def step(self, s: Standing, off_majority: bool) -> str | None:
+    def step(self, s: Standing, off_majority: bool, vouched_elsewhere: bool = False) -> str | None:
         """'resync', 'look again' or None (see the class)."""
-        if not s.decided and off_majority:
+        if not s.decided and off_majority and vouched_elsewhere:
             self.lost, self.stuck = 0, self.stuck + 1
             if self.stuck >= UNSETTLED_LOOKS:
                 self.stuck = 0

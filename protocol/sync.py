@@ -104,12 +104,14 @@ def mismatch_counts(mismatch: int | None, trusted_from: int) -> bool:
     return mismatch is not None and mismatch >= trusted_from
 
 
-def after_hash_check(off: bool, follow: chain.Follow, standing: chain.Standing | None) -> str | None:
+def after_hash_check(off: bool, follow: chain.Follow, standing: chain.Standing | None,
+                     vouched_elsewhere: bool = False) -> str | None:
     """What a weight-hash check calls for: with a look at the chains (``standing``), the chain rule's answer
-    (chain.Follow: stay on a chain that wins, 'resync' off it, 'look again' when another chain wins); without
-    one, the reports decide alone: 'resync' when ``off``."""
+    (chain.Follow: stay on a chain that wins, 'resync' off it, 'look again' when another chain wins; with no
+    verdict, 'resync' after a few looks off a majority whose state most tails list, ``vouched_elsewhere``);
+    without one, the reports decide alone: 'resync' when ``off``."""
     if standing is not None:
-        return follow.step(standing, off)
+        return follow.step(standing, off, vouched_elsewhere)
     return "resync" if off else None
 
 

@@ -140,8 +140,10 @@ def test_with_no_verdict_for_three_looks_a_peer_off_the_reports_majority_re_sync
     """While no verdict stands, everybody counts as on the winning chain (``standing``). A split's laggards tell
     within a round or two; two keys listing one made-up round under two hashes keep every honest tail unsure for
     good, and a peer off the chain stayed off it (the simulator: 2 of 40 seeds ended on two hashes). Off the
-    reports' majority in UNSETTLED_LOOKS looks in a row with no verdict, it re-syncs; a verdict or a look on the
-    majority in between starts the count again."""
+    reports' majority in UNSETTLED_LOOKS looks in a row with no verdict, the majority's state one more than half
+    of all tails list, it re-syncs; a verdict or a look on the majority in between starts the count again. Off a
+    majority whose state the tails do not vouch for (an even split; reports a few keys tip), it waits: a re-sync
+    would find nothing to adopt and hold its main loop for max_wait_s (a reviewer's find)."""
     honest = {p: tail("aa", 20) for p in ("p1", "p2", "p3", "p4")}
     tails = {**honest, "x": tail("aa", 20) + [(21, "x-made")], "y": tail("aa", 20) + [(21, "y-made")],
              "me": tail("aa", 17) + [(18, "forked"), (19, "forked")]}
@@ -149,12 +151,20 @@ def test_with_no_verdict_for_three_looks_a_peer_off_the_reports_majority_re_sync
     assert st.on_winner and not st.decided
     assert UNSETTLED_LOOKS == 3
     f = Follow()
-    assert [f.step(st, True) for _ in range(3)] == [None, None, "resync"]
-    assert [f.step(st, False) for _ in range(4)] == [None] * 4  # on the majority: nothing, however long
+    assert [f.step(st, True, True) for _ in range(3)] == [None, None, "resync"]
+    assert [f.step(st, False, True) for _ in range(4)] == [None] * 4  # on the majority: nothing, however long
+    assert [f.step(st, True, False) for _ in range(4)] == [None] * 4  # a majority no tails vouch for: nothing
     won = Standing(True, False, ("a",), 2)
     f = Follow()
-    assert [f.step(st, True), f.step(st, True), f.step(won, True), f.step(st, True)] == [None] * 4  # not in a row
-    assert [f.step(st, True), f.step(st, True)] == [None, "resync"]
+    assert [f.step(st, True, True), f.step(st, True, True), f.step(won, True, True), f.step(st, True, True)] == \
+        [None] * 4  # not in a row
+    assert [f.step(st, True, True), f.step(st, True, True)] == [None, "resync"]
+    # three keys whose tails agree and disagree in a cycle with the honest one leave every tail unsure, found
+    # by none of the groups: no verdict either (a reviewer's find: it read as a verdict, and nobody ever moved)
+    h = [(9, "h9"), (10, "h10")]
+    cycle = {"h": h, "x": h + [(11, "a")], "y": [(9, "y"), (11, "a"), (12, "c")], "z": h + [(11, "b"), (12, "c")]}
+    assert split(cycle) == ([], ["h", "x", "y", "z"])
+    assert not standing(cycle, "h").decided and standing({"h": h}, "h").decided
 
 
 def test_two_groups_reading_each_other_a_round_apart_reach_the_same_verdict() -> None:

@@ -264,8 +264,10 @@ def test_a_state_one_key_claims_a_few_rounds_ahead_of_the_chain_is_refused(tmp_p
         with monkeypatch.context() as patched:  # every link of a winner trusted: the rule before
             patched.setattr(statesync.chain, "adoptable", lambda tails, serving=None: {
                 link for p in statesync.chain.winner(tails, serving) for link in tails[p]} or None)
-            got = fetch()
-            assert got is not None and got[1].round == 9 and got[1].peer == liar.identity.peer_id  # the attack
+            taken = []  # a DHT read on a loaded machine can miss l's record or offer once: read again then
+            assert settles(lambda: taken.append(fetch()) or (taken[-1] is not None and taken[-1][1].round == 9),
+                           within_s=120)
+            assert taken[-1][1].peer == liar.identity.peer_id  # the attack
     finally:
         for t in made:
             t.close()

@@ -86,8 +86,11 @@ def test_bench_swarm_counts_a_split_that_a_resync_repaired() -> None:
 def test_a_failed_chores_job_is_logged_not_taken_for_a_hash_mismatch(tmp_path) -> None:
     from concurrent.futures import Future
 
+    from types import SimpleNamespace
+
     from gradnode.node.config import load_config
     from gradnode.node.swarm.chores import Chores, Findings
+    from gradnode.node.swarm.health import chain_view
     from gradnode.node.swarm.peer import Peer
 
     peer = Peer(load_config(None, {"run.output_dir": str(tmp_path)}))
@@ -111,6 +114,22 @@ def test_a_failed_chores_job_is_logged_not_taken_for_a_hash_mismatch(tmp_path) -
     peer.chores._job.set_result(Findings(3, None))  # checked before a re-sync that replaced round 3: moot
     peer._settle_chores()
     assert synced == ["hash mismatch"]
+
+    # no verdict (two keys list round 8 under two hashes after the honest chain's round 7, and every honest tail
+    # is unsure); this peer forked at round 6: off the reports' majority in 3 looks in a row it re-syncs, when
+    # more than half of the tails list the majority's state; with a majority no tails vouch for, it waits
+    honest = [(4, "h4"), (5, "h5"), (6, "h6"), (7, "h7")]
+    members = {p: SimpleNamespace(training=True, chain=t) for p, t in
+               {"a": honest, "b": honest, "c": honest, "x": honest + [(8, "x8")], "y": honest + [(8, "y8")]}.items()}
+    view = chain_view(members, peer.identity.peer_id, [(4, "h4"), (5, "h5"), (6, "mine")])
+    assert not view.standing.decided
+    peer.history.trusted_from = 0
+    for majority, want in (("h6", ["hash mismatch"] * 2), ("nobody's", ["hash mismatch"] * 2)):
+        for _ in range(3):
+            peer.chores._job = Future()
+            peer.chores._job.set_result(Findings(6, view, majority))
+            peer._settle_chores()
+        assert synced == want, majority
 
 
 def test_a_round_exchanged_on_a_chain_a_resync_left_is_observed_on_the_chain_held(tmp_path) -> None:

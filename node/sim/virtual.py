@@ -1148,7 +1148,7 @@ class Simulation:
         follows then is chain.Follow's to say, as in the node (Peer._settle_chores, _last_round_off_majority)."""
         counts_for = self._votes(p)
         votes = {q: h for q, h in p.weights.get(r, {}).items() if counts_for(q)}
-        off = False
+        off, best = False, None
         if r >= 0 and len(votes) >= 2:
             counts = Counter(votes.values())
             top = max(counts.values())
@@ -1160,8 +1160,9 @@ class Simulation:
             st = replace(st, on_winner=True)
         if last:  # nobody publishes a newer tail after the end: the reports alone, unless the chains contradict them
             act = "resync" if off and (not st.on_winner or st.groups < 2) else None
-        else:
-            act = p.follow.step(st, off)
+        else:  # with no verdict, a majority whose state most tails list (the node's Peer._settle_chores)
+            elsewhere = off and not st.decided and (r, best) in (chain.adoptable(self._tails(p, with_me=False)) or ())
+            act = p.follow.step(st, off, elsewhere)
         if act == "look again":  # the node reads the records afresh; here they are the same records
             act = "fork" if chain.Follow.confirm(st) else None
         if act is not None:

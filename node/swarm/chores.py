@@ -45,6 +45,7 @@ class Findings:
 
     mismatch: int | None  # the round whose weight hash lost the majority vote, if ours did
     chains: ChainView | None  # the chains among the live trainers (None: not looked at)
+    majority: str | None = None  # the hash that won that vote
 
 
 @dataclass(frozen=True)
@@ -126,12 +127,11 @@ class Chores:
         if snap is not None:
             with self.phases.time("checkpoint"):
                 self.save(snap)
-        mismatch = None
-        if report is not None and before is not None and \
-                off_majority(before, report.previous_hash, chains, report.round - 1,
-                             self.members.serving()) is not None:
-            mismatch = report.round - 1
-        return Findings(mismatch, chains)
+        mismatch = majority = None
+        if report is not None and before is not None:
+            majority = off_majority(before, report.previous_hash, chains, report.round - 1, self.members.serving())
+            mismatch = report.round - 1 if majority is not None else None
+        return Findings(mismatch, chains, majority)
 
     def _report_hash(self, r: HashReport) -> list[WeightHash] | None:
         """Publish the weight hash of our newest applied round; the reports of the round before, when we hold

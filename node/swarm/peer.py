@@ -627,7 +627,11 @@ class Peer:
         # the rules: protocol/sync.py (a round before our last re-sync was checked on weights replaced since;
         # without a look at the chains, the chores found none to take, the reports decide alone)
         off = sync_rules.mismatch_counts(found.mismatch, self.history.trusted_from)
-        act = sync_rules.after_hash_check(off, self.follow, self.chains.standing if found.chains is not None else None)
+        me = self.identity.peer_id
+        elsewhere = off and found.chains is not None and (found.mismatch, found.majority) in (
+            chain.adoptable({p: t for p, t in found.chains.tails.items() if p != me}) or ())
+        act = sync_rules.after_hash_check(off, self.follow, self.chains.standing if found.chains is not None else None,
+                                          elsewhere)
         if off and act is None:
             log.info("weight hash of round=%d differs from the majority, but this peer's chain wins by the "
                      "chain rule (%d of %d trainers): staying", found.mismatch, self.chains.mine, self.chains.trainers)

@@ -55,8 +55,9 @@ def trusted_offers(offers: Sequence[O], *, links: Collection[tuple[int, str]] | 
     ``links`` (chain.adoptable: the states most of the winning chain lists; an empty set trusts nothing: the tails
     in sight vouch for no state yet); without any published chain (None), the hash the majority reported after
     the previous round (``expected(round)``, asked only for the rounds looked at, newest first; None: nobody
-    reported), or else the one most offerers give (a tie: the greatest hash). Empty when no round has such
-    an offer."""
+    reported), or else the one most offerers give, at least two (a tie: the greatest hash; one key's offer alone
+    is its own word: a peer whose ledger's keys are all gone counts no tail and no report, and took any key's
+    made-up state). Empty when no round has such an offer."""
     for round_ in sorted({o.round for o in offers}, reverse=True):
         here = [o for o in offers if o.round == round_]
         if links is not None:
@@ -64,8 +65,8 @@ def trusted_offers(offers: Sequence[O], *, links: Collection[tuple[int, str]] | 
         else:
             want = expected(round_)
             if want is None:
-                votes = Counter(o.param_hash for o in here)
-                want = max(votes.items(), key=lambda kv: (kv[1], kv[0]))[0]
+                votes = Counter(h for _, h in {(o.peer, o.param_hash) for o in here})
+                want = max(((n, h) for h, n in votes.items() if n >= 2), default=(0, None))[1]
             good = [o for o in here if o.param_hash == want]
         if good:
             return good

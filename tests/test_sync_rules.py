@@ -51,6 +51,10 @@ def test_without_a_chain_the_reported_hash_then_the_most_offered_hash_is_trusted
     # the reported hash nobody offers: an older round whose offers agree with its report
     older = offers + [Offer("w", 8, "c")]
     assert sync.trusted_offers(older, links=None, expected={9: "d", 8: "c"}.get) == [Offer("w", 8, "c")]
+    # with no report either, one key's offer alone is its own word, whatever its round: two offerers at least
+    lone = [Offer("liar", 500, "made-up"), Offer("a", 9, "h"), Offer("b", 9, "h")]
+    assert sync.trusted_offers(lone, links=None, expected=lambda r: None) == [Offer("a", 9, "h"), Offer("b", 9, "h")]
+    assert sync.trusted_offers(lone[:2], links=None, expected=lambda r: None) == []
     # chains published that vouch for no state (chain.adoptable's empty set) trust nothing: no fallback (a key
     # could empty the set on purpose, with honest records lagging, and then offer the most or the only state)
     assert sync.trusted_offers(offers, links=set(), expected={9: "a"}.get) == []

@@ -126,13 +126,48 @@ def test_busy_donor_sends_joiners_elsewhere_and_pushes_are_checked(tmp_path: Pat
 
 
 @pytest.mark.swarm
+def _members(tmp_path: Path, cfg: SwarmConfig, made: list[Transport], peers: list[tuple]) -> list:
+    """A transport and a member record for each (name, round, chain) of ``peers``, the first the others' initial
+    peer; each record's store is tried again until it succeeds (a loaded machine fails one now and then). The
+    transports go into ``made`` (the caller closes them)."""
+    from gradnode.node.swarm.membership import Membership
+
+    nodes = []
+    for name, round_, tail in peers:
+        ident = load_or_create(tmp_path / name)
+        t = Transport(cfg if not made else cfg.model_copy(update={"initial_peers": made[0].maddrs()}), ident)
+        made.append(t)
+        t.start()
+        m = Membership(t, ident, "run", ttl=60)
+        assert settles(lambda: m.publish(round_=round_, training=True, step_seconds=0.1, inner_steps=4,
+                                         tokens_per_s=1.0, rejected=0, loss=None, chain=tail))
+        nodes.append(m)
+    return nodes
+
+
+def _fetching(joiner, cfg: SwarmConfig):
+    """A joiner's look for a state past round 0 (statesync.fetch, 60 s at most), to call again."""
+    from gradnode.node.swarm import statesync
+
+    return lambda: statesync.fetch(transport=joiner.transport, membership=joiner, cfg=cfg, run_id="run", min_round=1,
+                                   deadline_s=60)
+
+
+def _fetch_until(fetch, round_: int) -> tuple:
+    """``fetch()`` again until it returns a state of ``round_`` (a DHT read on a loaded machine can miss a record or
+    an offer once); the last result."""
+    taken = []
+    assert settles(lambda: taken.append(fetch()) or (taken[-1] is not None and taken[-1][1].round == round_),
+                   within_s=120), taken[-1]
+    return taken[-1]
+
+
 def test_tampered_offer_is_discarded_for_another_donor(tmp_path: Path) -> None:
     """Two donors offer round 3 under the hash the swarm reported; the one tried first (lower id) serves
     altered weights. The joiner discards that offer and its donor, and takes the honest one."""
     from collections import Counter
 
     from gradnode.node.swarm import statesync
-    from gradnode.node.swarm.membership import Membership
     from gradnode.protocol.records import WeightHash
 
     def weights_hash(state: dict) -> str:
@@ -143,16 +178,7 @@ def test_tampered_offer_is_discarded_for_another_donor(tmp_path: Path) -> None:
     cfg = SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"], state_chunk_bytes=65536)
     made: list[Transport] = []
     try:
-        nodes = []
-        for name in ("a", "b", "c"):
-            ident = load_or_create(tmp_path / name)
-            t = Transport(cfg if not made else cfg.model_copy(update={"initial_peers": made[0].maddrs()}), ident)
-            made.append(t)
-            t.start()
-            m = Membership(t, ident, "run", ttl=60)
-            m.publish(round_=3, training=True, step_seconds=0.1, inner_steps=4, tokens_per_s=1.0, rejected=0,
-                      loss=None)
-            nodes.append(m)
+        nodes = _members(tmp_path, cfg, made, [(name, 3, []) for name in ("a", "b", "c")])
         donors = sorted(nodes[:2], key=lambda m: m.identity.peer_id)
         tamperer, honest = donors
         joiner = nodes[2]
@@ -185,23 +211,13 @@ def test_a_state_claimed_far_ahead_is_refused(tmp_path: Path, monkeypatch: pytes
     b2's offers agree); with it, an offer may claim no round more than 10 past what another member reports: b's
     (the others say 3) is refused, b2's alone is one offer, and the joiner takes round 3."""
     from gradnode.node.swarm import statesync
-    from gradnode.node.swarm.membership import Membership
     from gradnode.protocol.records import StateManifest
 
     cfg = SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"], state_chunk_bytes=65536)
     made: list[Transport] = []
     try:
-        nodes = []
-        for name, round_ in (("a", 3), ("a2", 3), ("b", 10**6), ("b2", 3), ("c", 0)):
-            ident = load_or_create(tmp_path / name)
-            t = Transport(cfg if not made else cfg.model_copy(update={"initial_peers": made[0].maddrs()}), ident)
-            made.append(t)
-            t.start()
-            m = Membership(t, ident, "run", ttl=60)
-            assert settles(lambda: m.publish(round_=round_, training=True, step_seconds=0.1, inner_steps=4,
-                                             tokens_per_s=1.0, rejected=0, loss=None))
-            nodes.append(m)
-        *honest, liar, liar2, joiner = nodes
+        peers = [("a", 3, []), ("a2", 3, []), ("b", 10**6, []), ("b2", 3, []), ("c", 0, [])]
+        *honest, liar, liar2, joiner = _members(tmp_path, cfg, made, peers)
         state = {"w": torch.arange(1000, dtype=torch.float32)}
         for m in honest:
             statesync.offer({**state, "round": 3}, "a" * 64, 3, transport=m.transport, membership=m, cfg=cfg,
@@ -211,18 +227,13 @@ def test_a_state_claimed_far_ahead_is_refused(tmp_path: Path, monkeypatch: pytes
                             cfg=cfg, run_id="run")
         assert settles(lambda: len(joiner.members(max_age=0)) == 5)
         assert settles(lambda: len(joiner.read("state", None, StateManifest)) == 4)  # all four offers in sight
-
-        def fetch() -> object:
-            return statesync.fetch(transport=joiner.transport, membership=joiner, cfg=cfg, run_id="run",
-                                   min_round=1, deadline_s=60)
+        fetch = _fetching(joiner, cfg)
 
         got = fetch()
         assert got is not None and got[1].round == 3 and got[1].peer in {m.identity.peer_id for m in honest}
         with monkeypatch.context() as patched:
             patched.setattr(statesync, "beyond_reach", lambda membership, me: lambda offer: False)
-            taken = []  # a DHT read on a loaded machine can miss a record or an offer once: read again then
-            assert settles(lambda: taken.append(fetch()) or (taken[-1] is not None and taken[-1][1].round == 10**6),
-                           within_s=120)  # the attack, without the ceiling
+            _fetch_until(fetch, 10**6)  # the attack, without the ceiling
     finally:
         for t in made:
             t.close()
@@ -236,25 +247,14 @@ def test_a_state_one_key_claims_a_few_rounds_ahead_of_the_chain_is_refused(tmp_p
     rule counts it on the winning chain. The joiner adopts only a state more than half of the winners list
     (chain.adoptable): a's and b's. Without that rule (every winner's link trusted, as before) it takes l's."""
     from gradnode.node.swarm import statesync
-    from gradnode.node.swarm.membership import Membership
     from gradnode.protocol.records import StateManifest
 
     cfg = SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"], state_chunk_bytes=65536)
     honest_tail = [(r, f"{r:02d}" * 32) for r in range(4)]
     made: list[Transport] = []
     try:
-        nodes = []
-        for name, round_, tail in (("a", 4, honest_tail), ("b", 4, honest_tail),
-                                   ("l", 9, honest_tail + [(8, "e" * 64)]), ("j", 0, [])):
-            ident = load_or_create(tmp_path / name)
-            t = Transport(cfg if not made else cfg.model_copy(update={"initial_peers": made[0].maddrs()}), ident)
-            made.append(t)
-            t.start()
-            m = Membership(t, ident, "run", ttl=60)
-            assert settles(lambda: m.publish(round_=round_, training=True, step_seconds=0.1, inner_steps=4,
-                                             tokens_per_s=1.0, rejected=0, loss=None, chain=tail))
-            nodes.append(m)
-        *donors, liar, joiner = nodes
+        peers = [("a", 4, honest_tail), ("b", 4, honest_tail), ("l", 9, honest_tail + [(8, "e" * 64)]), ("j", 0, [])]
+        *donors, liar, joiner = _members(tmp_path, cfg, made, peers)
         state = {"w": torch.arange(1000, dtype=torch.float32), "round": 4}
         for m in donors:
             statesync.offer(state, honest_tail[-1][1], 4, transport=m.transport, membership=m, cfg=cfg, run_id="run")
@@ -262,20 +262,14 @@ def test_a_state_one_key_claims_a_few_rounds_ahead_of_the_chain_is_refused(tmp_p
                         run_id="run")
         assert settles(lambda: len(joiner.members(max_age=0)) == 4)
         assert settles(lambda: len(joiner.read("state", None, StateManifest)) == 3)  # all three offers in sight
-
-        def fetch() -> object:
-            return statesync.fetch(transport=joiner.transport, membership=joiner, cfg=cfg, run_id="run",
-                                   min_round=1, deadline_s=60)
+        fetch = _fetching(joiner, cfg)
 
         got = fetch()
         assert got is not None and got[1].round == 4 and got[1].peer != liar.identity.peer_id
         with monkeypatch.context() as patched:  # every link of a winner trusted: the rule before
             patched.setattr(statesync.chain, "adoptable", lambda tails, serving=None: {
                 link for p in statesync.chain.winner(tails, serving) for link in tails[p]} or None)
-            taken = []  # a DHT read on a loaded machine can miss l's record or offer once: read again then
-            assert settles(lambda: taken.append(fetch()) or (taken[-1] is not None and taken[-1][1].round == 9),
-                           within_s=120)
-            assert taken[-1][1].peer == liar.identity.peer_id  # the attack
+            assert _fetch_until(fetch, 9)[1].peer == liar.identity.peer_id  # the attack
     finally:
         for t in made:
             t.close()

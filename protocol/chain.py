@@ -23,6 +23,7 @@ bulk, which the trust layer bounds (votes by recent contributors only, admission
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -114,10 +115,7 @@ def vouched(tails: Mapping[str, Sequence[Link]], peers: Collection[str]) -> set[
     """The states (links) that the tails of more than half of ``peers`` list. A tail is a claim: a key that lists
     a made-up state after the honest chain's newest agrees with every honest tail (they share the rounds before
     it), so the chain rule counts it on the honest chain, and a state only it lists must not be adopted."""
-    counts: dict[Link, int] = {}
-    for p in peers:
-        for link in set(tails.get(p, ())):
-            counts[link] = counts.get(link, 0) + 1
+    counts = Counter(link for p in peers for link in set(tails.get(p, ())))
     return {link for link, n in counts.items() if 2 * n > len(peers)}
 
 

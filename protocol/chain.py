@@ -111,6 +111,19 @@ def winner(tails: Mapping[str, Sequence[Link]], serving: Collection[str] | None 
     return found[0] if found and decided(found, unsure) else []
 
 
+def allies_since(tails: Mapping[str, Sequence[Link]], me: str, round_: int,
+                 serving: Collection[str] | None = None) -> list[str]:
+    """The other peers on ``me``'s chain (its group by ``groups``) that hold its state of ``round_`` or a later one
+    (their tail and its own agree on a round at or after it): a weight report of ``round_`` one of them made
+    before it moved to this chain counts for this chain's hash (records.majority_hash's ``moved``). None while
+    ``me`` published no tail; one whose newest round in common is older says nothing of its hash of ``round_``."""
+    mine = tails.get(me)
+    if not mine:
+        return []
+    group = next((g for g in groups(tails, serving) if me in g), [])
+    return [p for p in group if p != me and newest_common(tails.get(p, ()), mine) >= round_]
+
+
 def vouched(tails: Mapping[str, Sequence[Link]], peers: Collection[str]) -> set[Link]:
     """The states (links) that the tails of more than half of ``peers`` list. A tail is a claim: a key that lists
     a made-up state after the honest chain's newest agrees with every honest tail (they share the rounds before

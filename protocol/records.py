@@ -369,6 +369,12 @@ def majority_hash(hashes: list[WeightHash], moved: Mapping[str, str] | None = No
     votes: dict[str, str] = {}
     for h in hashes:
         votes[h.peer] = (moved or {}).get(h.peer, h.param_hash)
+    return majority_of(votes, serving)
+
+
+def majority_of(votes: Mapping[str, str], serving: Collection[str] | None = None) -> tuple[str, int] | None:
+    """``majority_hash`` over votes already counted (peer -> the hash it stands for): the largest group of equal
+    hashes, a tie to one a serving peer holds, then to the one its lowest voter holds; with its count."""
     counts: dict[str, int] = {}
     for value in votes.values():
         counts[value] = counts.get(value, 0) + 1

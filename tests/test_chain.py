@@ -7,8 +7,8 @@ import random
 from pathlib import Path
 
 from gradnode.node.swarm.addressbook import MAX_ENTRIES, AddressBook, with_peer_id
-from gradnode.protocol.chain import (UNSETTLED_LOOKS, Follow, Standing, adoptable, agree, groups, split, standing,
-                                     unsettled, vouched, winner)
+from gradnode.protocol.chain import (UNSETTLED_LOOKS, Follow, Standing, adoptable, agree, allies_since, groups, split,
+                                     standing, unsettled, vouched, winner)
 
 
 def tail(prefix: str, newest: int, n: int = 4) -> list[tuple[int, str]]:
@@ -258,6 +258,17 @@ def test_an_ally_by_an_older_round_does_not_vote_for_our_hash_of_a_newer_one() -
     assert view.allies_since(11) == sorted(view.allies)
     reports = [WeightHash(run_id="r", round=12, peer=p, param_hash="a" * 8) for p in others]
     assert off_majority(reports, "e" * 8, view, 12)
+
+
+def test_allies_since_are_the_peers_on_our_chain_holding_our_state_of_the_round() -> None:
+    """chain.allies_since, which the node's hash check (chores.off_majority) and the simulator's both read: the
+    other peers of our group by the chain rule whose tail shares our state of the round or a later one; a peer
+    on another chain, one a round behind, and a peer with no tail of its own have none."""
+    tails = {"a": tail("aa", 12), "b": tail("aa", 12), "c": tail("aa", 11), "d": tail("zz", 12), "me": tail("aa", 12)}
+    assert allies_since(tails, "me", 12) == ["a", "b"]
+    assert allies_since(tails, "me", 11) == ["a", "b", "c"]
+    assert allies_since({**tails, "me": []}, "me", 11) == [] and allies_since(tails, "nobody", 11) == []
+    assert allies_since(tails, "d", 10) == []  # alone on its chain
 
 
 def test_a_finished_peer_waits_for_the_peers_behind_or_off_its_state() -> None:

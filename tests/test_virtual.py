@@ -94,7 +94,11 @@ def test_peers_past_a_round_hold_no_round_open_for_one_left_behind() -> None:
     from gradnode.protocol import round as core
 
     def waited_out(blind: bool) -> list[int]:
-        """The seeds in which a peer waited a round out; without the rule, the first such seed is enough."""
+        """The seeds in which a peer waited a round out; without the rule, the first such seed is enough (seed 91
+        first: since the look after a hash mismatch takes a state of its own round on, as the node's does, it is
+        the one of 300 seeds that waits a round out without the rule). With the rule, seeds 93 and 123 too: they
+        stalled on two hashes when a round's core, opened again after a re-sync, lost its timer to the old one's
+        (test_a_round_core_opened_again_keeps_a_timer_of_its_own)."""
         view = virtual.Simulation._view
         if blind:
             def _view(self: virtual.Simulation, p: virtual.VPeer, r: int) -> core.View:
@@ -103,7 +107,7 @@ def test_peers_past_a_round_hold_no_round_open_for_one_left_behind() -> None:
             virtual.Simulation._view = _view  # type: ignore[method-assign]
         try:
             found = []
-            for seed in seeds(30):
+            for seed in (91, *seeds(30)) if blind else (*seeds(30), 93, 123):
                 out = virtual.run(virtual.Scenario(peers=4, rounds=30, seed=seed, late_p=0.1, record_ttl_s=9.0,
                                                    partition=((0, 1), (2, 3)), partition_at=3, heal_at=12))
                 assert out["final_hashes"] == 1 and not out["stalled"], f"seed={seed} blind={blind}: {out}"
@@ -117,6 +121,20 @@ def test_peers_past_a_round_hold_no_round_open_for_one_left_behind() -> None:
 
     assert waited_out(blind=False) == []
     assert waited_out(blind=True), "without the rule no seed waited out a round: the scenario no longer tests it"
+
+
+def test_a_round_core_opened_again_keeps_a_timer_of_its_own() -> None:
+    """A peer that re-syncs opens the rounds after the adopted state again, each with a new core. The cores wait
+    for time with timers (Wake). Keyed by the peer's generation, the old core's pending timer stood for the new
+    core's (an earlier one was kept, a later one dropped), fired for the old core, and the new one, waiting for
+    its grace to end with nothing more to read, never decided: seeds 93 and 123 of a healed 2|2 split with late
+    records stalled on two hashes. Each core has a timer of its own now."""
+    sim = virtual.Simulation(virtual.Scenario(peers=4, rounds=4, seed=0))
+    p = sim.peers["p0000"]
+    first = sim._open(p, 0, sender=False)
+    second = sim._open(p, 0, sender=False)  # opened again, as after a re-sync (the same generation here)
+    timed = [args[1] for _, _, fn, args in sim._heap if fn == sim._tick]
+    assert p.cores[0] is second and any(c is first for c in timed) and any(c is second for c in timed)
 
 
 CHURN = {"kill and restart": "kill:2@r4,restart:2@r7", "stop": "stop:3@r5",
@@ -311,10 +329,12 @@ def test_swizzle_clogging_ends_on_one_hash_within_a_few_rounds_of_the_last_unclo
     2 s (what they carry waits), then unclog one every 2 s in another order. Peers then see different records:
     rounds split (the known weakness of today's rule, as with late records) and the hash check re-syncs the
     minority. In every seed: no stall, no round waited out, one hash at the end, and the last re-sync within
-    5 rounds of the last unclog. Measured over 200 seeds (stop 52): 5 in seeds 5 and 143, 3 in one, 2 or less in
-    the rest (177 at 0). Before the re-syncs took only states most of the winners list (chain.adoptable,
-    against made-up states) the worst was 3 (1 in these 15 seeds): a peer now often adopts the state a round
-    before the newest, and in seed 5 the round after it had to come over links still clogged. 9 when a peer that
+    3 rounds of the last unclog. Measured over 200 seeds (stop 53): 3 in seeds 26 and 103, 0 in the rest. At stop
+    52 the worst was 5 (seeds 5 and 143), when the simulator's look after a hash mismatch took a state of any
+    round, often the one a round before the newest (records lag), and the round after it then had to come over
+    links still clogged; the node's look takes a state of its own round on (Sync.level), and so does the
+    simulator's now: it waits for that state (2,337 looks found none at first in the 200 seeds, 89 before), and
+    the runs take 114 virtual seconds on average against 97. 9 when a peer that
     found no state offer stalled for max_wait_s instead of reading the offers again, as the node does, and 6 in
     seed 14 when a hash mismatch's look kept the winners of its start, who had moved on, instead of reading the
     winning chain afresh at each read."""
@@ -322,7 +342,7 @@ def test_swizzle_clogging_ends_on_one_hash_within_a_few_rounds_of_the_last_unclo
     for seed in seeds(15):
         out = virtual.run(virtual.Scenario(peers=8, rounds=30, seed=seed, late_p=0.0, record_ttl_s=9.0, swizzle_at=3))
         assert out["final_hashes"] == 1 and not out["stalled"] and out["waited_out"] == 0, f"seed={seed}: {out}"
-        assert out["rounds_to_converge"] is not None and out["rounds_to_converge"] <= 5, f"seed={seed}: {out}"
+        assert out["rounds_to_converge"] is not None and out["rounds_to_converge"] <= 3, f"seed={seed}: {out}"
         splits += bool(out["violations"])
     assert splits, "no round split: the clogging no longer tests the repair"
 

@@ -97,7 +97,7 @@ from gradnode.protocol import chain
 from gradnode.protocol import round as core
 from gradnode.protocol import sync as sync_rules
 from gradnode.protocol import votes
-from gradnode.protocol.records import FINGERPRINT_BYTES, pack, resolve
+from gradnode.protocol.records import FINGERPRINT_BYTES, majority_of, pack, resolve
 from gradnode.protocol.reputation import Reputation
 from gradnode.protocol.screening import Screen, judge
 from gradnode.protocol.votes import CONTRIBUTOR_ROUNDS
@@ -321,6 +321,7 @@ class Simulation:
         self.no_offer = 0  # re-syncs that found no state offer on the winning chain at first (the peer read the offers again every OFFER_POLL_S until its look ended)
         self.repairs: list[int] = []  # per re-sync: the round adopted minus the round found off the majority
         self.adopted: list[int] = []  # per re-sync: the round of the state adopted
+        # (peer, round, its core's id: the pending tick holds the core, so the id is its own) -> the earliest tick
         self._wakes: dict[tuple[str, int, int], float] = {}
         # the witness rule, each count derived from the nearest of its last ones: every peer of a round counts
         # nearly the same reports (the run's own, gone with it)
@@ -947,7 +948,10 @@ class Simulation:
             elif isinstance(a, core.Wake):
                 # the node polls its records while it waits: here at least every heartbeat (a record gone stale,
                 # the other side of a split, changes what the round waits for)
-                key, t = (p.id, c.round_, p.gen), max(min(a.at, self.now + self.heartbeat_s), self.now + 1e-3)
+                # one timer per core: a core of the round opened again (after a re-sync) has its own; keyed by the
+                # peer's generation, the old core's pending tick took the new one's place and fired for nothing, and
+                # the new core, waiting for time alone, never decided (a stall the simulator found)
+                key, t = (p.id, c.round_, id(c)), max(min(a.at, self.now + self.heartbeat_s), self.now + 1e-3)
                 if self._wakes.get(key, float("inf")) > t:
                     self._wakes[key] = t
                     self.at(t, self._tick, p, c, key, t)
@@ -1148,14 +1152,14 @@ class Simulation:
         follows then is chain.Follow's to say, as in the node (Peer._settle_chores, _last_round_off_majority)."""
         counts_for = self._votes(p)
         votes = {q: h for q, h in p.weights.get(r, {}).items() if counts_for(q)}
-        off, best = False, None
+        off, best, tails, mine = False, None, self._tails(p), p.hashes.get(r)
         if r >= 0 and len(votes) >= 2:
-            counts = Counter(votes.values())
-            top = max(counts.values())
-            best = min((h for h, n in counts.items() if n == top),
-                       key=lambda h: min(q for q, v in votes.items() if v == h))
-            off = best != p.hashes.get(r) and not lingering  # the node's linger looks at the chains only
-        st = chain.standing(self._tails(p), p.id)
+            # a report of a chain its writer left for p's since counts for p's hash (chores.off_majority)
+            if mine is not None:
+                votes.update((q, mine) for q in chain.allies_since(tails, p.id, r) if q in votes)
+            best = majority_of(votes)[0]
+            off = best != mine and not lingering  # the node's linger looks at the chains only
+        st = chain.standing(tails, p.id)
         if lingering and st.tie:  # a tie is no majority that settled elsewhere (Peer._linger)
             st = replace(st, on_winner=True)
         if last:  # nobody publishes a newer tail after the end: the reports alone, unless the chains contradict them
@@ -1195,38 +1199,39 @@ class Simulation:
         """Adopt the newest state offered in p's sight on the winning chain (an offer whose newest link the
         winners' tails list, from a peer p can reach now; a tie to the lowest id), as statesync.newest_offers:
         a fork's chain is ``winners``'s, a hash mismatch's the one the others follow (read again at each look,
-        ``_newest_offer``'s links None). None: p's main loop looks for one for FORK_SYNC_S (a fork) or max_wait_s
+        ``_newest_offer``'s links None) and a state of p's own newest round on, not an older one (Sync.level). None: p's main loop looks for one for FORK_SYNC_S (a fork) or max_wait_s
         (a hash mismatch), as the node's does, then carries on with its own state. A fork whose winners' tails
         vouch for no state yet (chain.vouched: records lag) is left for the next look (Peer._follow_winning_chain)."""
-        links = None
+        links, after = None, max(p.hashes) - 1  # a hash mismatch's: a state of p's newest round on (Sync.level)
         if fork:
-            links = chain.vouched(self._tails(p, with_me=False), winners)
+            links, after = chain.vouched(self._tails(p, with_me=False), winners), -2  # a fork's: any round
             if not links:
                 return
         look_s = FORK_SYNC_S if fork else self.sc.params.max_wait_s
-        offer, dead = self._newest_offer(p, links)
+        offer, dead = self._newest_offer(p, links, after)
         if offer is None:
             self.no_offer += 1
             until = self.now + look_s
             p.busy_until = max(p.busy_until, until)
             again = self.now + _again(dead, look_s)
-            self.at(again, lambda gen=p.gen: self._look_for_offer(p, r, links, until, look_s, gen))
+            self.at(again, lambda gen=p.gen: self._look_for_offer(p, r, links, after, until, look_s, gen))
             return
         self._adopt(p, r, offer, _download_s(dead, look_s))
 
-    def _look_for_offer(self, p: VPeer, r: int, links: set[chain.Link] | None, until: float, look_s: float,
-                        gen: int) -> None:
+    def _look_for_offer(self, p: VPeer, r: int, links: set[chain.Link] | None, after: int, until: float,
+                        look_s: float, gen: int) -> None:
         """p's main loop reads the offers again every OFFER_POLL_S until its look ends (statesync.fetch): one
         that turns up in reach (a link unclogged, a split healed) is adopted then. A fork's look trusts the chain
         it set out for (``links``); a hash mismatch's (None) the chain the others follow now (the node's fetch reads
         it afresh at each read, statesync.newest_offers: the winners of the look's start move on meanwhile)."""
         if gen != p.gen or not p.alive:
             return
-        offer, dead = self._newest_offer(p, links)
+        offer, dead = self._newest_offer(p, links, after)
         if offer is not None:
             self._adopt(p, r, offer, _download_s(dead, look_s))
         elif self.now + _again(dead, look_s) < until:
-            self.at(self.now + _again(dead, look_s), lambda: self._look_for_offer(p, r, links, until, look_s, gen))
+            self.at(self.now + _again(dead, look_s),
+                    lambda: self._look_for_offer(p, r, links, after, until, look_s, gen))
 
     def _adopt(self, p: VPeer, r: int, offer: Any, lost: float = 0.0) -> None:
         """p downloads ``offer`` (``lost`` seconds to donors out of reach first) and runs on from it (its rounds

@@ -44,8 +44,7 @@ class ChainView:
         """The allies that hold our state of ``round_`` or a later one (their tail and ours agree on a round
         at or after it): what they reported of ``round_`` is of a chain they left since, if it differs. One
         whose newest published round we share is older (a record a round behind) is no ally for ``round_``."""
-        mine = self.tails.get(self.me, [])
-        return [p for p in self.allies if chain.newest_common(self.tails.get(p, []), mine) >= round_]
+        return chain.allies_since(self.tails, self.me, round_)
 
 
 def chain_view(members: dict[str, MemberRecord], me: str, my_tail: list[Link],

@@ -90,6 +90,14 @@ def replay_or_download(*, behind: int, window: int, replay_bytes: int, state_byt
     return "replay"
 
 
+def lowest_round(own_round: int, *, resync: bool, fork: bool) -> int:
+    """The oldest state a look may take (an offer's round: the state after applying the round before it), for a
+    peer whose engine is at ``own_round``: a lost fork's, any state of the winning chain (its links decide); a
+    re-sync after a hash mismatch's, a state of its own round on (an older one would have it redo rounds it may
+    split again: node/SWARM.md measures the other choice); a start's or a resume's, a newer state only."""
+    return 0 if fork else own_round if resync else own_round + 1
+
+
 def newer_in_sight(own_round: int, record_rounds: Iterable[int]) -> bool:
     """Whether a peer starting or resuming at ``own_round`` may find a newer state to adopt: a member record in
     sight (``record_rounds``: the other training peers') names a later round. When none does, the shell reads

@@ -60,6 +60,14 @@ def test_without_a_chain_the_reported_hash_then_the_most_offered_hash_is_trusted
     assert sync.trusted_offers(offers, links=set(), expected={9: "a"}.get) == []
 
 
+def test_a_look_takes_a_newer_state_at_a_start_its_own_round_on_after_a_mismatch_and_any_after_a_lost_fork() -> None:
+    """The oldest offer a look may take (its round: the state after the round before it), for a peer at round 7:
+    the node's Sync.level and the simulator's re-sync read the same rule."""
+    assert sync.lowest_round(7, resync=False, fork=False) == 8  # a start or resume: only a newer state
+    assert sync.lowest_round(7, resync=True, fork=False) == 7  # a hash mismatch: its own round's state on
+    assert sync.lowest_round(7, resync=True, fork=True) == 0  # a lost fork: the winners' links decide
+
+
 def test_the_largest_group_of_offers_with_the_same_chunks_is_downloaded_first() -> None:
     chunks = {"a": ("1", "2"), "b": ("1", "2"), "c": ("1", "3"), "d": ("1", "4")}
     offers = [Chunked(p, 9, "h", chunks[p]) for p in "cabd"]

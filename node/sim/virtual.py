@@ -1202,11 +1202,13 @@ class Simulation:
         ``_newest_offer``'s links None) and a state of p's own newest round on, not an older one (Sync.level). None: p's main loop looks for one for FORK_SYNC_S (a fork) or max_wait_s
         (a hash mismatch), as the node's does, then carries on with its own state. A fork whose winners' tails
         vouch for no state yet (chain.vouched: records lag) is left for the next look (Peer._follow_winning_chain)."""
-        links, after = None, max(p.hashes) - 1  # a hash mismatch's: a state of p's newest round on (Sync.level)
+        links = None
         if fork:
-            links, after = chain.vouched(self._tails(p, with_me=False), winners), -2  # a fork's: any round
+            links = chain.vouched(self._tails(p, with_me=False), winners)
             if not links:
                 return
+        # an offer's round is its newest link's plus one; p's engine is at the round after its newest state
+        after = sync_rules.lowest_round(max(p.hashes) + 1, resync=True, fork=fork) - 2
         look_s = FORK_SYNC_S if fork else self.sc.params.max_wait_s
         offer, dead = self._newest_offer(p, links, after)
         if offer is None:

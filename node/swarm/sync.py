@@ -63,7 +63,7 @@ class Sync:
                 eng.load_shared_state(backup, keep_progress=True)
             return ok
 
-        min_round = 0 if links is not None else eng.round if force else eng.round + 1
+        min_round = sync_rules.lowest_round(eng.round, resync=force, fork=links is not None)
         if force:  # a fork's winner offers its state every round; when none is found soon the view was stale
             # (the winner merged elsewhere meanwhile) and waiting out max_wait_s only left this peer behind
             deadline_s = min(self.cfg.max_wait_s, FORK_SYNC_S) if links is not None else self.cfg.max_wait_s

@@ -111,16 +111,16 @@ def winner(tails: Mapping[str, Sequence[Link]], serving: Collection[str] | None 
     return found[0] if found and decided(found, unsure) else []
 
 
-def allies_since(tails: Mapping[str, Sequence[Link]], me: str, round_: int,
-                 serving: Collection[str] | None = None) -> list[str]:
-    """The other peers on ``me``'s chain (its group by ``groups``) that hold its state of ``round_`` or a later one
-    (their tail and its own agree on a round at or after it): a weight report of ``round_`` one of them made
-    before it moved to this chain counts for this chain's hash (records.majority_hash's ``moved``). None while
-    ``me`` published no tail; one whose newest round in common is older says nothing of its hash of ``round_``."""
+def allies_since(tails: Mapping[str, Sequence[Link]], me: str, round_: int) -> list[str]:
+    """The other peers on ``me``'s chain (its group by ``groups``), sorted, that hold its state of ``round_`` or a
+    later one (their tail and its own agree on a round at or after it): a weight report of ``round_`` one of them
+    made before it moved to this chain counts for this chain's hash (records.majority_hash's ``moved``). None
+    ([]) while ``me`` published no tail; one whose newest round in common is older says nothing of its hash of
+    ``round_``; with ``round_`` -1, the whole group but ``me``."""
     mine = tails.get(me)
     if not mine:
         return []
-    group = next((g for g in groups(tails, serving) if me in g), [])
+    group = next((g for g in groups(tails) if me in g), [])
     return [p for p in group if p != me and newest_common(tails.get(p, ()), mine) >= round_]
 
 

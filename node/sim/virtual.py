@@ -33,11 +33,13 @@ What is modelled, and how:
   of round ``partition_at`` to the first of ``heal_at``: records in flight are lost, the other side's
   records go stale, and each side trains on as its own swarm.
 - A peer's weights are a hash chain: the hash of round r is the hash of round r - 1 and the set applied.
-  After applying round r a peer publishes that hash, with its member record; the next round it compares its
-  hash of r with the majority of the reports it received, groups the tails in its sight by chain
-  (protocol/chain.py), and chain.Follow says whether it leaves its chain: then it adopts the newest state a
-  peer of the winning chain offers, after a download time, as the node's chores thread and
-  Peer._settle_chores do. It knows a donor by its record only: one whose process died or whose link is cut
+  After applying round r a peer publishes that hash, with its member record; after applying the next it
+  compares its hash of r with the majority of the reports it received (a report of an ally that moved to its
+  chain since counting for its hash) and groups the tails in its sight by chain (protocol/chain.py), and after
+  applying the one after, chain.Follow says whether it leaves its chain: then it adopts the newest state a peer
+  of the winning chain offers (after a hash mismatch, one of its own round on), after a download time, as the
+  node's chores thread reads and Peer._settle_chores acts at the next hand-off (at once in the run's last
+  rounds, as the node's drain). It knows a donor by its record only: one whose process died or whose link is cut
   costs a stream's open timeout (``OPEN_S``), and with no donor of the newest state in reach the download
   retries until it gives up and the peer looks again.
 
@@ -278,6 +280,8 @@ class VPeer:
     views: dict[int, Any] = field(default_factory=dict)  # round -> the last view of it made (Simulation._view)
     offer: Any = None  # the state it offers now (one snapshot shared by its readers), rebuilt when it changes
     follow: chain.Follow = field(default_factory=chain.Follow)
+    # the hash check handed to the chores thread at the last apply, settled at the next (gen, round, findings)
+    chores: tuple[int, int, tuple[bool, str | None, chain.Standing, bool]] | None = None
     done: bool = False  # its last round is applied and checked: it stops its heartbeat
     final_gen: int = -1  # the state (gen) whose last round's check is scheduled
     alive: bool = True  # its process runs (churn: killed, stopped, or not joined yet)
@@ -613,7 +617,7 @@ class Simulation:
         p.mail = {k: box for k, box in ((k, [e for e in box if e[0] >= self.now and e[2] is not None])
                                         for k, box in p.mail.items()) if box}
         p.stamps = {}
-        p.follow, p.waiting, p.computed = chain.Follow(), None, -1
+        p.follow, p.waiting, p.computed, p.chores = chain.Follow(), None, -1, None
         self._revote(p)
         self._heartbeat(p)
         self.at(self.now + self.heartbeat_s + 2 * self.sc.latency_s, lambda gen=p.gen: self._rejoin(p, gen))
@@ -1147,28 +1151,58 @@ class Simulation:
         p.workers.update((q, r) for q in extra if q in kept)
 
     def _check(self, p: VPeer, r: int, last: bool = False, lingering: bool = False) -> None:
-        """After applying round r + 1 (or at the end, ``last``): round r's hash against the majority of the
-        weight reports p received, and the chain rule over the member records in its sight; which chain p
-        follows then is chain.Follow's to say, as in the node (Peer._settle_chores, _last_round_off_majority)."""
+        """After applying round r + 1 (or at the end, ``last``, or while lingering): round r's hash against the
+        majority of the weight reports p received, and the chain rule over the member records in its sight (what
+        the node's chores thread reads after it hands a round over); which chain p follows then is chain.Follow's
+        to say (Peer._settle_chores, _last_round_off_majority). The node acts on its chores' findings at the next
+        hand-off, after its next round is applied: so does the simulator (``VPeer.chores``), except in the run's
+        last rounds (the node's drain settles them at once), at the end and while lingering."""
+        found = self._read_check(p, r, lingering)
+        if last or lingering:
+            self._settle_check(p, r, found, last, lingering)
+            return
+        pending, p.chores = p.chores, None
+        gen = p.gen
+        if pending is not None and pending[0] == gen:  # a re-sync since made its findings moot (mismatch_counts)
+            self._settle_check(p, *pending[1:], last=False, lingering=False)
+        if p.gen != gen:  # it re-synced: the round just checked is on weights replaced since
+            return
+        if r + 1 >= self.sc.rounds - 1:  # the drain (Peer._drain) hands off and settles at once
+            self._settle_check(p, r, found, last=False, lingering=False)
+        else:
+            p.chores = (gen, r, found)
+
+    def _read_check(self, p: VPeer, r: int, lingering: bool) -> tuple[bool, str | None, chain.Standing, bool]:
+        """What the chores read of round r: off the reports' majority or not, the majority's hash, p's standing by
+        the chain rule, and whether more than half of all tails list the majority's state (chores.off_majority,
+        Peer._settle_chores)."""
         counts_for = self._votes(p)
         votes = {q: h for q, h in p.weights.get(r, {}).items() if counts_for(q)}
         off, best, tails, mine = False, None, self._tails(p), p.hashes.get(r)
-        if r >= 0 and len(votes) >= 2:
-            # a report of a chain its writer left for p's since counts for p's hash (chores.off_majority)
-            if mine is not None:
-                votes.update((q, mine) for q in chain.allies_since(tails, p.id, r) if q in votes)
+        if r >= 0 and votes and mine is not None:
             best = majority_of(votes)[0]
+            if best != mine:  # a report of a chain its writer left for p's since counts for p's hash
+                votes.update((q, mine) for q in chain.allies_since(tails, p.id, r) if q in votes)
+                best = majority_of(votes)[0]
             off = best != mine and not lingering  # the node's linger looks at the chains only
         st = chain.standing(tails, p.id)
         if lingering and st.tie:  # a tie is no majority that settled elsewhere (Peer._linger)
             st = replace(st, on_winner=True)
+        elsewhere = off and not st.decided and (r, best) in (chain.adoptable(self._tails(p, with_me=False)) or ())
+        return off, best, st, elsewhere
+
+    def _settle_check(self, p: VPeer, r: int, found: tuple[bool, str | None, chain.Standing, bool], last: bool,
+                      lingering: bool) -> None:
+        off, _, st, elsewhere = found
         if last:  # nobody publishes a newer tail after the end: the reports alone, unless the chains contradict them
             act = "resync" if off and (not st.on_winner or st.groups < 2) else None
         else:  # with no verdict, a majority whose state most tails list (the node's Peer._settle_chores)
-            elsewhere = off and not st.decided and (r, best) in (chain.adoptable(self._tails(p, with_me=False)) or ())
             act = p.follow.step(st, off, elsewhere)
-        if act == "look again":  # the node reads the records afresh; here they are the same records
-            act = "fork" if chain.Follow.confirm(st) else None
+        if act == "look again":  # the node reads the records afresh (Peer._follow_winning_chain)
+            fresh = chain.standing(self._tails(p), p.id)
+            if lingering and fresh.tie:
+                fresh = replace(fresh, on_winner=True)
+            act, st = ("fork" if chain.Follow.confirm(fresh) else None), fresh
         if act is not None:
             self._resync(p, r, st.winners, fork=act == "fork")
 

@@ -36,9 +36,13 @@ class ChainView:
     tie: bool = False  # this peer's chain is followed by as many peers as the winning one
     mine: int = 1  # peers following this peer's chain, itself included
     me: str = ""
-    allies: list[str] = field(default_factory=list)  # the other peers following this peer's chain
     tails: dict[str, list[Link]] = field(default_factory=dict)  # the tails it was read from, by peer
     standing: chain.Standing = chain.Standing(True, False, (), 0)  # what the fork rule reads (chain.Follow)
+
+    @property
+    def allies(self) -> list[str]:
+        """The other peers following this peer's chain (none while it published no tail)."""
+        return chain.allies_since(self.tails, self.me, -1)
 
     def allies_since(self, round_: int) -> list[str]:
         """The allies that hold our state of ``round_`` or a later one (their tail and ours agree on a round
@@ -65,7 +69,7 @@ def chain_view(members: dict[str, MemberRecord], me: str, my_tail: list[Link],
                      winner_links={link for p in win for link in tails[p]}, adoptable=chain.vouched(tails, win),
                      winners=win,
                      tie=me not in win and len(mine) == len(win), mine=len(mine),
-                     allies=[p for p in mine if p != me] if my_tail else [], me=me, tails=tails, standing=st)
+                     me=me, tails=tails, standing=st)
 
 
 def clock_words(clock: skew.Estimate) -> str:

@@ -1233,8 +1233,9 @@ class Simulation:
         """Adopt the newest state offered in p's sight on the winning chain (an offer whose newest link the
         winners' tails list, from a peer p can reach now; a tie to the lowest id), as statesync.newest_offers:
         a fork's chain is ``winners``'s, a hash mismatch's the one the others follow (read again at each look,
-        ``_newest_offer``'s links None) and a state of p's own newest round on, not an older one (Sync.level). None: p's main loop looks for one for FORK_SYNC_S (a fork) or max_wait_s
-        (a hash mismatch), as the node's does, then carries on with its own state. A fork whose winners' tails
+        ``_newest_offer``'s links None) and a state of p's own newest round on, not an older one (Sync.level).
+        None: p's main loop looks for one for FORK_SYNC_S (a fork) or max_wait_s (a hash mismatch), as the node's
+        does, then carries on with its own state. A fork whose winners' tails
         vouch for no state yet (chain.vouched: records lag) is left for the next look (Peer._follow_winning_chain)."""
         links = None
         if fork:

@@ -137,6 +137,35 @@ def test_a_round_core_opened_again_keeps_a_timer_of_its_own() -> None:
     assert p.cores[0] is second and any(c is first for c in timed) and any(c is second for c in timed)
 
 
+@pytest.mark.parametrize("late_s", [2.0, 4.0, 10.0])
+def test_a_peer_that_starts_late_is_in_every_round_within_a_few(late_s: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer whose process starts 1, 2 or 5 rounds after the others begins at round 0 all the same (here without
+    the look for a newer state a starting node makes when a record in sight is ahead: only the stop time and
+    abstaining bring it into phase). Seen once in CI under a full suite's load (node/SWARM.md, "Not done yet"): a
+    peer 4 s late whose update missed every round of a short run. In the simulator it is in every set from round
+    6 on in every seed (measured at stop 53, 40 seeds: the first set it is in is round 1 at most for 2-3 s, 4 for
+    4-6 s, 6 for 10 s, and it misses none after), and the run ends on one hash. Without the stop time (its inner
+    steps never cut short) a peer 4 s late misses a round after round 6 in 3 of the 20 seeds."""
+
+    def missing() -> list[int]:
+        """The seeds in which the late peer's update is out of a set from round 6 on."""
+        out_of_phase = []
+        for seed in seeds(20):
+            sim = virtual.Simulation(virtual.Scenario(peers=4, rounds=12, seed=seed, late_p=0.0,
+                                                      starts=((1, late_s),)))
+            out = sim.run()
+            sets = sim.peers["p0000"].sets
+            assert out["final_hashes"] == 1 and not out["violations"], f"seed={seed}: {out}"
+            if not all("p0001" in sets[r] for r in range(6, 12)):
+                out_of_phase.append(seed)
+        return out_of_phase
+
+    assert missing() == []
+    if late_s == 4.0:
+        monkeypatch.setattr(virtual.core, "stop_at", lambda *a, **k: None)
+        assert missing(), "without the stop time the late peer is in phase all the same: the test shows nothing"
+
+
 CHURN = {"kill and restart": "kill:2@r4,restart:2@r7", "stop": "stop:3@r5",
          "joiners": "join:5@r2,join:6@r2,join:7@r9",
          "all of it": "kill:1@r3,restart:1@r8,join:6@r4,stop:4@r6,kill:7@r10"}

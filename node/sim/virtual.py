@@ -166,6 +166,9 @@ class Scenario:
     # announcer stamped (clamped to 0..600 s, as clock.Deadline), and a record expires on the writer's clock
     drift_s: float = 0.0
     clock_off: tuple[tuple[int, float], ...] = ()
+    # (peer index, seconds): a peer whose process starts that late into the run, its first record and its round 0
+    # then (no look for a newer state: only the stop time and abstaining bring it into the others' phase)
+    starts: tuple[tuple[int, float], ...] = ()
     # swizzle-clogging (FoundationDB's): from the first announcement of round ``swizzle_at``, a random half of
     # the links between peers clog one by one every ``swizzle_s`` seconds, then unclog one by one in another
     # random order; what a clogged link carries arrives when it unclogs (a stalled connection, not a loss)
@@ -375,10 +378,10 @@ class Simulation:
 
     def run(self) -> dict[str, Any]:
         t0 = time.perf_counter()
+        late = {f"p{i:04d}": s for i, s in self.sc.starts}
         for p in self.peers.values():
             if p.alive:
-                self._heartbeat(p)
-                self._compute(p, 0)
+                self.at(late.get(p.id, 0.0), self._begin, p)
         if self.sc.sybils:
             self._sybil_beat()
         limit = self.sc.rounds * 4 * self.sc.params.max_wait_s + 600.0
@@ -400,6 +403,11 @@ class Simulation:
             if collecting:
                 gc.enable()
         return self._summary(time.perf_counter() - t0)
+
+    def _begin(self, p: VPeer) -> None:
+        """p's process starts with the run (or ``Scenario.starts`` late): its first record, its first round."""
+        self._heartbeat(p)
+        self._compute(p, 0)
 
     # --- the network -------------------------------------------------------------------------------
 

@@ -71,15 +71,21 @@ def test_a_split_swarm_trains_on_and_merges_onto_one_hash_within_a_few_rounds_of
     in the process test of a partition. Each side trains on as its own swarm (two chains); after the heal
     every peer sees both chains, the one more peers follow wins (a tie: the lowest id), and the others adopt
     its state (chain.Follow). With timely records, in every seed: one hash at the end, no stall, within 3
-    rounds of the heal. A cut falling mid-round loses the records in flight, and two peers of one side can
-    then apply different sets of that round (a violation, like a late record's): the hash check repairs it."""
+    rounds of the heal (5 for 3|5). A cut falling mid-round loses the records in flight, and two peers of one
+    side can then apply different sets of that round (a violation, like a late record's): the hash check
+    repairs it. Measured over 60 seeds (stop 53): 2|2 and 2|2|1 within 2 rounds; 3|5 within 5 (1: 13 seeds, 2: 9,
+    3: 16, 4: 20, 5: 2; within 2 before stop 53). The 3|5 figure is the node's: a peer that sits a round out
+    observes it and applies it with the round before, then hands its chores over once (Peer._hand_off_chores),
+    so that round's look at the chains is lost, and the minority sits many rounds out after the heal (431
+    peer-rounds of rounds 12-20 in the 60 seeds); the simulator checked after every apply until stop 53."""
     peers, groups = SPLITS[split]
+    bound = 5 if split == "3|5" else 3
     ks = []
     for seed in seeds(SEEDS // 2):
         out = virtual.run(virtual.Scenario(peers=peers, rounds=30, seed=seed, late_p=0.0, record_ttl_s=9.0,
                                            partition=groups, partition_at=3, heal_at=12))
         assert out["final_hashes"] == 1 and not out["stalled"] and out["waited_out"] == 0, f"seed={seed}: {out}"
-        assert out["rounds_to_converge"] is not None and out["rounds_to_converge"] <= 3, f"seed={seed}: {out}"
+        assert out["rounds_to_converge"] is not None and out["rounds_to_converge"] <= bound, f"seed={seed}: {out}"
         assert out["resyncs"] >= min(len(g) for g in groups), f"seed={seed}: {out}"  # the losers moved over
         ks.append(out["rounds_to_converge"])
     print(f"{split}: rounds from the heal to one hash, max {max(ks)}, mean {sum(ks) / len(ks):.2f}")
@@ -96,9 +102,9 @@ def test_peers_past_a_round_hold_no_round_open_for_one_left_behind() -> None:
     def waited_out(blind: bool) -> list[int]:
         """The seeds in which a peer waited a round out; without the rule, the first such seed is enough (seed 55
         first: since stop 53, with the node's look after a hash mismatch and its findings acted on at the next
-        hand-off, 5 of 300 seeds wait a round out without the rule, 55 the first). With the rule, seeds 93 and
-        123 too: at stop 53 they stalled on two hashes when a round's core, opened again after a re-sync, lost its
-        timer to the old one's (test_a_round_core_opened_again_keeps_a_timer_of_its_own)."""
+        hand-off, 6 of the first 120 seeds wait a round out without the rule, 55 among them). With the rule, seeds
+        93 and 123 too: at stop 53 they stalled on two hashes when a round's core, opened again after a re-sync,
+        lost its timer to the old one's (test_a_round_core_opened_again_keeps_a_timer_of_its_own)."""
         view = virtual.Simulation._view
         if blind:
             def _view(self: virtual.Simulation, p: virtual.VPeer, r: int) -> core.View:
@@ -144,8 +150,9 @@ def test_a_peer_that_starts_late_is_in_every_round_within_a_few(late_s: float, m
     abstaining bring it into phase). Seen once in CI under a full suite's load (node/SWARM.md, "Not done yet"): a
     peer 4 s late whose update missed every round of a short run. In the simulator it is in every set from round
     6 on in every seed (measured at stop 53, 40 seeds: the first set it is in is round 1 at most for 2-3 s, 4 for
-    4-6 s, 6 for 10 s, and it misses none after), and the run ends on one hash. Without the stop time (its inner
-    steps never cut short) a peer 4 s late misses a round after round 6 in 3 of the 20 seeds."""
+    4-6 s, 6 for 10 s, and it misses none after), and the run ends on one hash. Without the stop time
+    (round.stop_at None for every peer: inner steps never cut short, and no round sat out for being late) a peer
+    4 s late misses a round after round 6 in some of the 20 seeds (3 at stop 53)."""
 
     def missing() -> list[int]:
         """The seeds in which the late peer's update is out of a set from round 6 on."""
@@ -156,7 +163,7 @@ def test_a_peer_that_starts_late_is_in_every_round_within_a_few(late_s: float, m
             out = sim.run()
             sets = sim.peers["p0000"].sets
             assert out["final_hashes"] == 1 and not out["violations"], f"seed={seed}: {out}"
-            if not all("p0001" in sets[r] for r in range(6, 12)):
+            if not all("p0001" in sets.get(r, ()) for r in range(6, 12)):
                 out_of_phase.append(seed)
         return out_of_phase
 
@@ -358,11 +365,11 @@ def test_swizzle_clogging_ends_on_one_hash_within_a_few_rounds_of_the_last_unclo
     2 s (what they carry waits), then unclog one every 2 s in another order. Peers then see different records:
     rounds split (the known weakness of today's rule, as with late records) and the hash check re-syncs the
     minority. In every seed: no stall, no round waited out, one hash at the end, and the last re-sync within
-    3 rounds of the last unclog. Measured over 200 seeds (stop 53): 2 in 4 seeds, 1 in 9, 0 in the rest. At stop
-    52 the worst was 5 (seeds 5 and 143), when the simulator's look after a hash mismatch took a state of any
+    4 rounds of the last unclog. Measured over 200 seeds (stop 53): 4 in seed 30, 2 in 5, 1 in 13, 0 in the rest.
+    At stop 52 the worst was 5 (seeds 5 and 143), when the simulator's look after a hash mismatch took a state of any
     round, often the one a round before the newest (records lag), and the round after it then had to come over
     links still clogged; the node's look takes a state of its own round on (Sync.level), and so does the
-    simulator's now: it waits for that state (2,199 looks found none at first in the 200 seeds, 89 before), and
+    simulator's now: it waits for that state (2,206 looks found none at first in the 200 seeds, 89 before), and
     the runs take 117 virtual seconds on average against 97 (the hash check's findings now also wait for the
     next hand-off, as the node's). 9 when a peer that
     found no state offer stalled for max_wait_s instead of reading the offers again, as the node does, and 6 in
@@ -372,7 +379,7 @@ def test_swizzle_clogging_ends_on_one_hash_within_a_few_rounds_of_the_last_unclo
     for seed in seeds(15):
         out = virtual.run(virtual.Scenario(peers=8, rounds=30, seed=seed, late_p=0.0, record_ttl_s=9.0, swizzle_at=3))
         assert out["final_hashes"] == 1 and not out["stalled"] and out["waited_out"] == 0, f"seed={seed}: {out}"
-        assert out["rounds_to_converge"] is not None and out["rounds_to_converge"] <= 3, f"seed={seed}: {out}"
+        assert out["rounds_to_converge"] is not None and out["rounds_to_converge"] <= 4, f"seed={seed}: {out}"
         splits += bool(out["violations"])
     assert splits, "no round split: the clogging no longer tests the repair"
 
@@ -639,6 +646,7 @@ def test_the_simulators_hash_check_is_the_nodes_allies_count_and_a_mismatch_take
     - the findings are acted on at the next apply's hand-off (Peer._hand_off_chores), not at once."""
     from gradnode.protocol.reputation import Reputation
 
+    chain_standing = virtual.chain.Standing(True, False, (), 1)
     sim = virtual.Simulation(virtual.Scenario(peers=4, rounds=30, seed=0))
     me = sim.peers["p0003"]
     a, f = ((10, "a10"), (11, "a11"), (12, "a12")), ((10, "f10"), (11, "f11"), (12, "f12"))
@@ -674,8 +682,21 @@ def test_the_simulators_hash_check_is_the_nodes_allies_count_and_a_mismatch_take
     assert settled == [] and p.chores is not None and p.chores[1] == 4
     sim._check(p, 5)
     assert settled == [4] and p.chores[1] == 5
+    sim._read_check = lambda p_, r, lingering: (True, "x", chain_standing, False)  # type: ignore[method-assign]
+    p.chores = (p.gen, 5, (True, "x", chain_standing, False))
+    p.gen += 1  # a re-sync since round 5's findings were read: its mismatch is moot, its look at the chains is not
+    offs: list[bool] = []
+    sim._settle_check = lambda p_, r, found, last, lingering: offs.append(found[0])  # type: ignore[method-assign]
+    sim._check(p, 6)
+    assert offs == [False] and p.chores[1] == 6
+    p.busy_until = sim.now + 30.0  # a look for a state that found none holds the main loop: read after it
+    sim._check(p, 7)
+    assert offs == [False, True] and p.chores is None
+    sim.now = 30.0
+    sim._hand_off(p, 7, p.gen)
+    assert p.chores is not None and p.chores[1] == 7
     sim._check(p, 28)  # the run's last round applied (29): the drain settles both at once
-    assert settled == [4, 5, 28] and p.chores is None
+    assert offs == [False, True, True, True] and p.chores is None
 
 
 def test_asking_the_witnesses_waits_for_those_out_of_reach_and_a_liar_serves_its_lie() -> None:

@@ -231,6 +231,9 @@ class Scenario:
                 raise ValueError(f"slow {index}x{factor}: a peer 0..{self.peers - 1} and a factor in 1..100")
         if self.drift_s < 0 or any(not 0 <= i < self.peers for i, _ in self.clock_off):
             raise ValueError(f"drift_s >= 0 and clock_off of peers 0..{self.peers - 1}")
+        joining = {i for action, i, _ in self.life if action == "join"}
+        if any(not 0 <= i < self.peers or i in joining or not s >= 0 for i, s in self.starts):
+            raise ValueError(f"starts: peers 0..{self.peers - 1} that do not join later, each after >= 0 s")
         if not 1 <= self.min_steps <= self.inner_steps:
             raise ValueError(f"min_steps {self.min_steps}: 1..inner_steps ({self.inner_steps})")
         cut = [i for g in self.partition for i in g]
@@ -380,8 +383,10 @@ class Simulation:
         t0 = time.perf_counter()
         late = {f"p{i:04d}": s for i, s in self.sc.starts}
         for p in self.peers.values():
-            if p.alive:
-                self.at(late.get(p.id, 0.0), self._begin, p)
+            if p.alive and p.id in late:
+                self.at(late[p.id], lambda p=p, gen=p.gen: gen == p.gen and p.alive and self._begin(p))
+            elif p.alive:
+                self._begin(p)
         if self.sc.sybils:
             self._sybil_beat()
         limit = self.sc.rounds * 4 * self.sc.params.max_wait_s + 600.0
@@ -1053,7 +1058,8 @@ class Simulation:
         p.waiting = None
         self.per_round[r]["applied"] += 1
         self._publish_record(p, ((r, p.hashes[r]),))
-        self._check(p, r - 1)
+        if r + 1 not in p.abstained:  # a round sat out is observed next: the node hands off once after both
+            self._check(p, r - 1)
 
     def _resolve(self, r: int, seed: str, fps: bytes) -> list[tuple[str, str]]:
         """The (sender, digest) pairs a set of round r on the chain ``seed`` lists (records.resolve against every
@@ -1162,20 +1168,34 @@ class Simulation:
         """After applying round r + 1 (or at the end, ``last``, or while lingering): round r's hash against the
         majority of the weight reports p received, and the chain rule over the member records in its sight (what
         the node's chores thread reads after it hands a round over); which chain p follows then is chain.Follow's
-        to say (Peer._settle_chores, _last_round_off_majority). The node acts on its chores' findings at the next
-        hand-off, after its next round is applied: so does the simulator (``VPeer.chores``), except in the run's
-        last rounds (the node's drain settles them at once), at the end and while lingering."""
-        found = self._read_check(p, r, lingering)
+        to say (Peer._settle_chores, _last_round_off_majority). The node settles the previous round's chores
+        first, then hands this one over (Peer._hand_off_chores): it acts on its findings after its next round is
+        applied, and they are read once a look for a state that found none has ended. So does the simulator
+        (``VPeer.chores``), except in the run's last rounds (the node's drain settles them at once), at the end
+        and while lingering."""
         if last or lingering:
-            self._settle_check(p, r, found, last, lingering)
+            self._settle_check(p, r, self._read_check(p, r, lingering), last, lingering)
             return
-        pending, p.chores = p.chores, None
-        gen = p.gen
-        if pending is not None and pending[0] == gen:  # a re-sync since made its findings moot (mismatch_counts)
-            self._settle_check(p, *pending[1:], last=False, lingering=False)
-        if p.gen != gen:  # it re-synced: the round just checked is on weights replaced since
+        pending, p.chores, gen = p.chores, None, p.gen
+        if pending is not None:
+            pgen, pr, found = pending
+            if pgen != gen:  # a re-sync since: the mismatch is moot (mismatch_counts), the look at the chains is not
+                found = (False, None, found[2], False)
+            self._settle_check(p, pr, found, last=False, lingering=False)
+        if p.gen != gen:  # it re-synced now: the round just checked is on weights replaced since
             return
-        if r + 1 >= self.sc.rounds - 1:  # the drain (Peer._drain) hands off and settles at once
+        if p.busy_until > self.now:  # a look for a state holds the main loop: the hand-off comes after it
+            self.at(p.busy_until, lambda: self._hand_off(p, r, gen))
+        else:
+            self._hand_off(p, r, gen)
+
+    def _hand_off(self, p: VPeer, r: int, gen: int) -> None:
+        """The chores of round r's check are handed over and read now; settled at the next hand-off, or at once in
+        the run's last rounds (Peer._drain)."""
+        if gen != p.gen or not p.alive:
+            return
+        found = self._read_check(p, r, False)
+        if r + 1 >= self.sc.rounds - 1:
             self._settle_check(p, r, found, last=False, lingering=False)
         else:
             p.chores = (gen, r, found)
@@ -1208,8 +1228,6 @@ class Simulation:
             act = p.follow.step(st, off, elsewhere)
         if act == "look again":  # the node reads the records afresh (Peer._follow_winning_chain)
             fresh = chain.standing(self._tails(p), p.id)
-            if lingering and fresh.tie:
-                fresh = replace(fresh, on_winner=True)
             act, st = ("fork" if chain.Follow.confirm(fresh) else None), fresh
         if act is not None:
             self._resync(p, r, st.winners, fork=act == "fork")
@@ -1297,6 +1315,7 @@ class Simulation:
         p.ledger, p.senders = dict(ledger), frozenset()
         self._revote(p)
         p.waiting, p.computed = None, -1
+        p.follow.lost = p.follow.stuck = 0  # looks before a new state say nothing about it (Peer._sync_state)
         # what it holds now, it says (the node's member record publishes its chain's tail, and a report of a
         # chain left since counts for the one followed now: chores.off_majority)
         self._publish_record(p, tuple((k, p.hashes[k]) for k in range(max(0, newest - TAIL + 1), newest + 1)

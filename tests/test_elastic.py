@@ -125,7 +125,6 @@ def test_busy_donor_sends_joiners_elsewhere_and_pushes_are_checked(tmp_path: Pat
             t.close()
 
 
-@pytest.mark.swarm
 def _members(tmp_path: Path, cfg: SwarmConfig, made: list[Transport], peers: list[tuple]) -> list:
     """A transport and a member record for each (name, round, chain) of ``peers``, the first the others' initial
     peer; each record's store is tried again until it succeeds (a loaded machine fails one now and then). The
@@ -162,6 +161,7 @@ def _fetch_until(fetch, round_: int) -> tuple:
     return taken[-1]
 
 
+@pytest.mark.swarm
 def test_tampered_offer_is_discarded_for_another_donor(tmp_path: Path) -> None:
     """Two donors offer round 3 under the hash the swarm reported; the one tried first (lower id) serves
     altered weights. The joiner discards that offer and its donor, and takes the honest one."""

@@ -120,6 +120,9 @@ CONTENT_LIES = ("signflip", "noise", "freerider")  # honest witnesses whose upda
 CLAIM_LIES = ("stretch", "futurestate")
 LIAR_KINDS = WITNESS_LIES + CONTENT_LIES + CLAIM_LIES  # the adversaries modelled
 PACE_LIE_S = 3600.0  # the round time a 'stretch' liar's records claim
+# what a hash check read of a round: off the reports' majority, the majority's hash, the standing by the chain
+# rule, and whether more than half of all tails list the majority's state (Simulation._read_check)
+Findings = tuple[bool, str | None, chain.Standing, bool]
 FUTURE_ROUNDS = 10**6  # how far past its newest round a 'futurestate' liar's records claim a state (adversary.py)
 DIM = 64  # an update's content: a vector this long (the robust rule judges it as the node judges tensors)
 NOISE = 1.0  # an honest update: the round's true direction (unit) plus noise of this norm (cosines ~0.5)
@@ -287,7 +290,7 @@ class VPeer:
     offer: Any = None  # the state it offers now (one snapshot shared by its readers), rebuilt when it changes
     follow: chain.Follow = field(default_factory=chain.Follow)
     # the hash check handed to the chores thread at the last apply, settled at the next (gen, round, findings)
-    chores: tuple[int, int, tuple[bool, str | None, chain.Standing, bool]] | None = None
+    chores: tuple[int, int, Findings] | None = None
     done: bool = False  # its last round is applied and checked: it stops its heartbeat
     final_gen: int = -1  # the state (gen) whose last round's check is scheduled
     alive: bool = True  # its process runs (churn: killed, stopped, or not joined yet)
@@ -1200,10 +1203,8 @@ class Simulation:
         else:
             p.chores = (gen, r, found)
 
-    def _read_check(self, p: VPeer, r: int, lingering: bool) -> tuple[bool, str | None, chain.Standing, bool]:
-        """What the chores read of round r: off the reports' majority or not, the majority's hash, p's standing by
-        the chain rule, and whether more than half of all tails list the majority's state (chores.off_majority,
-        Peer._settle_chores)."""
+    def _read_check(self, p: VPeer, r: int, lingering: bool) -> Findings:
+        """What the chores read of round r (``Findings``), as chores.off_majority and Peer._settle_chores read it."""
         counts_for = self._votes(p)
         votes = {q: h for q, h in p.weights.get(r, {}).items() if counts_for(q)}
         off, best, tails, mine = False, None, self._tails(p), p.hashes.get(r)
@@ -1219,8 +1220,7 @@ class Simulation:
         elsewhere = off and not st.decided and (r, best) in (chain.adoptable(self._tails(p, with_me=False)) or ())
         return off, best, st, elsewhere
 
-    def _settle_check(self, p: VPeer, r: int, found: tuple[bool, str | None, chain.Standing, bool], last: bool,
-                      lingering: bool) -> None:
+    def _settle_check(self, p: VPeer, r: int, found: Findings, last: bool, lingering: bool) -> None:
         off, _, st, elsewhere = found
         if last:  # nobody publishes a newer tail after the end: the reports alone, unless the chains contradict them
             act = "resync" if off and (not st.on_winner or st.groups < 2) else None

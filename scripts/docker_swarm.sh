@@ -13,10 +13,24 @@
 # peer's gradnode_round move on, print its targets and the query, and fetch the published Prometheus
 # and status page URLs from the host.
 # Works with `docker compose` and with `docker-compose` (v1).
+#
+# `remote` mode: a swarm over hosts that share nothing but the network, as docker/README.md sets it up.
+#   PEERS=1 ROUNDS=3 bash scripts/docker_swarm.sh remote
+# One user-defined network and no shared volume: a bootstrap that trains, its libp2p port published on
+# the host's address on that network (GRADNODE_P2P_HOST_PORT, default 31337) and announced there
+# (GRADNODE_ANNOUNCE), and PEERS joiners that know only the address it prints, as a machine elsewhere
+# would dial a public host: the first through GRADNODE_INITIAL_PEER, the second with plain `join
+# --initial-peer` and a published port of its own (the host port after the bootstrap's), and so on in
+# turn. Every container leaves after ROUNDS rounds; the check wants each to exit 0 with the same final
+# weight hash. It removes its containers (with their anonymous volumes) and its network; the image stays,
+# as after `docker compose build`.
 set -euo pipefail
+mode=${1:-local}
+case "$mode" in local|remote) ;; *) echo "usage: $0 [local|remote]" >&2; exit 2 ;; esac
 peers=${PEERS:-4} rounds=${ROUNDS:-5} preset=${PRESET:-swarm-demo.yaml} timeout=${TIMEOUT:-900} chaos=${CHAOS:-0}
 monitoring=${MONITORING:-0}
 project=${PROJECT:-gradnode-check}
+[ "$mode" = remote ] && peers=${PEERS:-1} rounds=${ROUNDS:-3} project=${PROJECT:-gradnode-remote}
 cd "$(dirname "$0")/.."
 profiles=""
 [ "$monitoring" = 1 ] && profiles="--profile monitoring"
@@ -28,6 +42,84 @@ compose() {
 # down takes every profile's containers, whichever this run started (an earlier run's included)
 down() { profiles="--profile monitoring" compose down -v --remove-orphans >/dev/null 2>&1 || true; }
 export GRADNODE_PRESET=$preset GRADNODE_ROUNDS=0
+
+# remote mode: the containers are named after the project; nothing of the compose project starts
+image=gradnode:${GRADNODE_VARIANT:-cpu} net=${project}-net boot=${project}-bootstrap
+joiners() { for i in $(seq "$peers"); do echo "${project}-peer-$i"; done; }
+remote_down() {
+  # -v: the anonymous volumes of the image's /data and /swarm go with their containers
+  # shellcheck disable=SC2046  # one word per joiner
+  docker rm -f -v "$boot" $(joiners) >/dev/null 2>&1 || true
+  docker network rm "$net" >/dev/null 2>&1 || true
+}
+# the final summary line's weight hash (`rounds=R loss=... hash=H ...`), empty while a container runs
+final_hash() { docker logs "$1" 2>/dev/null | sed -n 's/^rounds=[0-9]* .* hash=\([0-9a-f]*\) .*/\1/p' | tail -n 1; }
+remote() {
+  trap 'echo "[docker_swarm] tearing down"; remote_down' EXIT
+  remote_down
+  local hostport=${GRADNODE_P2P_HOST_PORT:-31337} cfg=/opt/gradnode/configs/$preset end=$((SECONDS + timeout))
+  compose build bootstrap
+  docker network create "$net" >/dev/null
+  # the host's address on the network: what the joiners dial, as they would dial a public host's address
+  local gw
+  gw=$(docker network inspect -f '{{range .IPAM.Config}}{{.Gateway}}{{end}}' "$net")
+  docker run -d --name "$boot" --network "$net" -p "$gw:$hostport:31337/tcp" \
+    -e GRADNODE_CONFIG="$cfg" -e GRADNODE_ANNOUNCE="/ip4/$gw/tcp/$hostport" -e GRADNODE_METRICS_PORT=0 \
+    -e GRADNODE_STATUS_PORT=0 "$image" bootstrap --train --set "swarm.rounds=$rounds" >/dev/null
+  echo "[docker_swarm] remote: bootstrap $boot published on $gw:$hostport; waiting for the address it announces"
+  local maddr=""
+  until maddr=$(docker logs "$boot" 2>/dev/null | grep -m 1 "^/ip4/$gw/tcp/$hostport/p2p/"); do
+    if [ "$(docker inspect -f '{{.State.Running}}' "$boot")" != true ] || [ $SECONDS -ge $end ]; then
+      docker logs --tail 30 "$boot"; echo "[docker_swarm] FAILED: the bootstrap announces no /ip4/$gw/tcp/$hostport"
+      exit 1
+    fi
+    sleep 2
+  done
+  echo "[docker_swarm] remote: $maddr; $peers joiner(s), no shared volume, $rounds rounds each"
+  # odd joiners: the `peer` role with GRADNODE_INITIAL_PEER; even ones: plain `join`, as docker/README.md's
+  # GPU box runs it, with a published port of its own announced on the host's address
+  local i=0 own
+  for c in $(joiners); do
+    i=$((i + 1)) own=$((hostport + i))
+    if [ $((i % 2)) = 1 ]; then
+      docker run -d --name "$c" --hostname "$c" --network "$net" -e GRADNODE_CONFIG="$cfg" \
+        -e GRADNODE_INITIAL_PEER="$maddr" "$image" peer --rounds "$rounds" >/dev/null
+    else
+      docker run -d --name "$c" --network "$net" -p "$gw:$own:31337/tcp" "$image" join --config "$cfg" \
+        --initial-peer "$maddr" --rounds "$rounds" --output-dir /data/peer \
+        --listen /ip4/0.0.0.0/tcp/31337 --announce "/ip4/$gw/tcp/$own" >/dev/null
+    fi
+  done
+  local c running  # grep -c fails on a count of 0: the loop ends once no container runs
+  while running=$(for c in "$boot" $(joiners); do docker inspect -f '{{.State.Running}}' "$c"; done | grep -c true); do
+    if [ $SECONDS -ge $end ]; then
+      for c in "$boot" $(joiners); do echo "--- $c"; docker logs --tail 20 "$c" 2>&1; done
+      echo "[docker_swarm] FAILED: timeout, $running container(s) still running"; exit 1
+    fi
+    sleep 5
+  done
+  local hashes="" code failed=0
+  for c in "$boot" $(joiners); do
+    code=$(docker inspect -f '{{.State.ExitCode}}' "$c")
+    echo "  $c: exit $code  $(docker logs "$c" 2>/dev/null | grep '^rounds=' | tail -n 1)"
+    if [ "$code" != 0 ] || [ -z "$(final_hash "$c")" ]; then
+      failed=1; docker logs --tail 20 "$c" 2>&1 | sed 's/^/    /'
+    fi
+    hashes="$hashes$(final_hash "$c")"$'\n'
+  done
+  [ "$failed" = 0 ] || { echo "[docker_swarm] FAILED: a container did not finish its rounds"; exit 1; }
+  local distinct
+  distinct=$(printf '%s' "$hashes" | sort -u | grep -c .)
+  echo "[docker_swarm] identical final hashes: $([ "$distinct" = 1 ] && echo True || echo False)"
+  if [ "$distinct" != 1 ]; then
+    for c in "$boot" $(joiners); do  # how each moved between chains: the post-mortem's first read
+      echo "--- $c"; docker logs "$c" 2>&1 | grep -E 'round=[0-9]+ applied=|another chain|re-sync|state adopted' | tail -n 12
+    done
+    echo "[docker_swarm] FAILED: hashes differ"; exit 2
+  fi
+  echo "[docker_swarm] OK"
+}
+if [ "$mode" = remote ]; then remote; exit 0; fi
 # `gradnode health` (the peers' healthcheck) fails while a peer sees fewer trainers than this
 export GRADNODE_EXPECT_PEERS=$peers
 straggler=${project}-straggler

@@ -1,6 +1,6 @@
 """`gradnode eval` on real checkpoints of the real engine: loss, perplexity and bits per byte of the agreed
-weights over non-overlapping windows, the same on every call, on the run's held-out split or on given text;
-bad input is one line and exit 2."""
+weights over non-overlapping windows spread over the text, the same on every call, on the run's held-out split
+or on given text; bad input is one line and exit 2, a bad checkpoint path before torch loads."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from _tiny import agreed_logits, one_error_line, trained_checkpoint
 from gradnode.node.cli import app
 
-pytestmark = pytest.mark.process  # starts processes or daemons (issue 22: selectable for flake-hunt)
+pytestmark = pytest.mark.process  # starts processes or daemons (selectable for flake-hunt: -m process)
 
 runner = CliRunner()
 
@@ -34,12 +34,16 @@ def run(tmp_path_factory: pytest.TempPathFactory):
     return trained_checkpoint(tmp_path_factory.mktemp("eval"))
 
 
-def expected_loss(engine, data: bytes, seq_len: int) -> float:
-    """The same figure computed another way: every window on its own, the agreed weights through the engine."""
+def expected_loss(engine, data: bytes, seq_len: int, starts: list[int] | None = None, last: int | None = None) -> float:
+    """The same figure computed another way: every window on its own, the agreed weights through the engine.
+    ``starts``: only the windows starting there, the last one scoring ``last`` predictions."""
     tokens = torch.tensor(list(data))
+    starts = list(range(0, len(data) - 1, seq_len)) if starts is None else starts
     total, n = 0.0, 0
-    for start in range(0, len(data) - 1, seq_len):
+    for start in starts:
         window = tokens[start:start + seq_len + 1]
+        if start == starts[-1] and last is not None:
+            window = window[:last + 1]
         logits = agreed_logits(engine, window[None, :-1])
         total += float(F.cross_entropy(logits[0], window[1:], reduction="sum"))
         n += window.numel() - 1
@@ -49,7 +53,7 @@ def expected_loss(engine, data: bytes, seq_len: int) -> float:
 def test_eval_on_text_files_matches_a_direct_computation(tmp_path: Path, run) -> None:
     engine, ckpt = run
     a = tmp_path / "a.txt"
-    a.write_bytes(b"def add(a, b):\n    return a + b\n" * 7 + b"x = 1\n")
+    a.write_bytes(b"".join(b"def add_%d(a, b):\n    return a + %d * b\n" % (i, i * i) for i in range(7)) + b"x = 1\n")
     folder = tmp_path / "more"
     folder.mkdir()
     (folder / "b.py").write_bytes(b"import os\nprint(os.getcwd())\n" * 3)
@@ -67,8 +71,12 @@ def test_eval_on_text_files_matches_a_direct_computation(tmp_path: Path, run) ->
 
     code, out, err = gradnode_eval(str(ckpt), "--data", str(a), "--max-tokens", "50", "--json")
     cut = json.loads(out)
-    assert cut["tokens"] == 50 and cut["truncated"] is True
-    assert math.isclose(cut["loss"], expected_loss(engine, a.read_bytes()[:51], engine.cfg.model.seq_len), rel_tol=1e-6)
+    assert cut["tokens"] == 50 and cut["truncated"] is True and cut["unit"] == "nats/byte"
+    # 50 predictions of a text of 8 whole windows of 32 and a shorter one: 2 windows spread over the 8
+    assert (len(a.read_bytes()) - 1) // 32 == 8 and engine.cfg.model.seq_len == 32
+    spread = expected_loss(engine, a.read_bytes(), 32, starts=[0, 128], last=18)
+    assert math.isclose(cut["loss"], spread, rel_tol=1e-6)
+    assert not math.isclose(spread, expected_loss(engine, a.read_bytes()[:51], 32), rel_tol=1e-4)  # not the start
 
 
 def test_eval_of_the_held_out_split_is_the_same_on_every_call(run) -> None:
@@ -84,7 +92,8 @@ def test_eval_of_the_held_out_split_is_the_same_on_every_call(run) -> None:
 
     code, out, err = gradnode_eval(str(ckpt), "--max-tokens", "20000")  # the table
     assert code == 0, err
-    for row in ("loss", "perplexity", "bits per byte", "20,000 (cut at --max-tokens)", f"{report['loss']:.4f}"):
+    for row in ("val loss", "perplexity", "bits per byte", "20,000 (spread over more: --max-tokens)",
+                f"{report['loss']:.4f} nats/byte on 20,000 held-out bytes"):
         assert row in out, out
 
 
@@ -122,3 +131,55 @@ def test_eval_mistakes_are_one_line(tmp_path: Path, run) -> None:
     for expected, args in cases.items():
         code, _, err = gradnode_eval(*args)
         assert expected in one_error_line(code, err), (expected, err)
+
+
+def test_the_windows_scored_are_spread_over_the_text_and_make_the_count() -> None:
+    """The grid of non-overlapping windows; all of it when the count covers the text, else windows spread evenly
+    over its whole windows (the last one cut to make the count): the same few files at the split's start would
+    stand for it all."""
+    from gradnode.node.train.evaluate import windows
+
+    assert windows(100, 100, 32) == [(0, 32), (32, 32), (64, 32), (96, 4)]
+    assert windows(100, 98, 32) == [(0, 32), (32, 32), (64, 32), (96, 2)]
+    assert windows(1000, 64, 32) == [(0, 32), (480, 32)]
+    assert windows(100, 5, 32) == [(0, 5)]
+    for available in range(1, 200):
+        for n in range(1, available + 1):
+            picked = windows(available, n, 32)
+            assert sum(length for _, length in picked) == n
+            ends = [(s, s + length) for s, length in picked]
+            assert all(a[1] <= b[0] for a, b in zip(ends, ends[1:])) and ends[-1][1] <= available
+            assert all(s % 32 == 0 for s, _ in picked)
+            if len(picked) > 1:  # spread: the first window at the start, the last one (k-1)/k of the way along
+                k, whole = len(picked), available // 32
+                assert picked[0][0] == 0 and picked[-1][0] // 32 >= (k - 1) * whole // k
+
+
+CHECK_BEFORE_TORCH = """
+import json, sys
+from typer.testing import CliRunner
+from gradnode.node.cli import app
+results = []
+for path in sys.argv[1:]:
+    r = CliRunner().invoke(app, ["eval", path])
+    results.append([r.exit_code, r.stderr])
+print(json.dumps({"results": results, "torch": "torch" in sys.modules}))
+"""
+
+
+def test_a_wrong_checkpoint_path_fails_before_torch_loads(tmp_path: Path, run) -> None:
+    """A file inside a checkpoint (state.pt, meta.json), a missing path or a folder without checkpoints: one line
+    naming what to pass, exit 2, and torch never imported (it takes seconds)."""
+    _, ckpt = run
+    (tmp_path / "bare").mkdir()
+    paths = [ckpt / "state.pt", ckpt / "meta.json", tmp_path / "missing", tmp_path / "bare"]
+    done = subprocess.run([sys.executable, "-c", CHECK_BEFORE_TORCH, *map(str, paths)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    expected = [f"is a file: name a checkpoint folder (round-NNNNNNNN) (here: {ckpt})",
+                f"is a file: name a checkpoint folder (round-NNNNNNNN) (here: {ckpt})",
+                "no such checkpoint or folder", "no checkpoint in it"]
+    for (code, err), want in zip(report["results"], expected):
+        assert want in one_error_line(code, err), (want, err)
+    assert report["torch"] is False

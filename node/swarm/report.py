@@ -12,13 +12,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from gradnode.node.train.evaluate import MEASURE
+
 
 @dataclass
 class PeerSummary:
     peer: str
     rounds: int
     final_loss: float | None
-    val_loss_first: float | None
+    val_loss_first: float | None  # at the start and the end of this process's run, both MEASURE's figure
     val_loss_last: float | None
     param_hash: str
     bytes_up: int
@@ -53,6 +55,7 @@ class PeerSummary:
     run_over_at: int | None = None
     # main-thread seconds per round outside the inner steps, by phase (what utilisation loses, and where)
     phase_s_per_round: dict[str, float] = field(default_factory=dict)
+    val_loss_measure: str = MEASURE  # what val_loss_first and val_loss_last measure (node/train/evaluate.py)
 
 
 def summary_json(s: PeerSummary) -> str:

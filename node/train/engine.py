@@ -21,6 +21,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from torch import Tensor
 from torch.func import functional_call
 
 from gradnode.node.train import checkpoint
+from gradnode.node.train import evaluate as held_out
 from gradnode.node.train import native
 from gradnode.node.config import Config
 from gradnode.node.train.data import Batches, load_corpus
@@ -66,6 +68,38 @@ class Snapshot:
     round: int
     state: dict[str, Any]
     meta: dict[str, Any]
+
+
+class Same(str, Enum):
+    """In a checkpoint, in place of a tensor (format 2): it equals, bit for bit, the tensor of the same name in
+    the agreed weights, or in the peer's own weights. Stored as its value."""
+
+    AGREED = "agreed"
+    LOCAL = "local"
+
+
+def _same_bits(a: Tensor, b: Tensor) -> bool:
+    """Equal bit for bit (NaNs and signed zeros included), dtype and shape too."""
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
+        a.detach().reshape(-1).view(torch.uint8), b.detach().reshape(-1).view(torch.uint8))
+
+
+def _stored(t: Tensor, **refs: Tensor) -> Tensor | str:
+    """``t``, or the name of the first of ``refs`` (a Same value) holding the same bits."""
+    for name, ref in refs.items():
+        if _same_bits(t, ref):
+            return Same(name).value
+    return t
+
+
+def _restored(value: Any, name: str, **refs: Tensor) -> Tensor:
+    """The tensor a checkpoint entry stands for: itself, or the reference its Same value names."""
+    if isinstance(value, Tensor):
+        return value
+    try:
+        return refs[Same(value).value]
+    except (ValueError, KeyError):
+        raise ValueError(f"{name}: {value!r} is neither a tensor nor one of {sorted(refs)}") from None
 
 
 def _deep_clone(obj: Any) -> Any:
@@ -304,9 +338,23 @@ class Engine:
         return shared_state_hash(self.cfg.run.run_id, self.round, self.global_params, self.outer.buffers,
                                  self.contributors, self.reputation.to_dict())
 
+    def evaluate(self, batches: int | None = None) -> float:
+        """The val loss of theta_g (node/train/evaluate.py: nats/byte on VAL_BYTES held-out bytes spread over the
+        split), the figure every summary, metrics row and `gradnode eval` reports. ``batches``: instead, the mean
+        over that many sampled validation batches, the figure `gradnode bench` compares with its DDP reference."""
+        if batches is not None:
+            return self._sampled_val_loss(batches)
+        return self.val_loss().loss
+
+    def val_loss(self) -> held_out.EvalResult:
+        """The val loss of theta_g with the bytes it was measured on (see ``evaluate``)."""
+        weights = {n: self.global_params[n].to(self.device) for n in self.names}
+        return held_out.evaluate(self.model, self.batches.corpus.val, self.cfg.model.seq_len,
+                                 device=self.device, weights=weights)
+
     @torch.no_grad()
-    def evaluate(self, batches: int = 8) -> float:
-        """Mean validation loss of theta_g over the run's first ``batches`` validation batches."""
+    def _sampled_val_loss(self, batches: int) -> float:
+        """Mean loss of theta_g over the run's first ``batches`` sampled validation batches (inner autocast)."""
         weights = {n: self.global_params[n].to(self.device) for n in self.names}
         was_training = self.model.training
         self.model.eval()
@@ -363,12 +411,18 @@ class Engine:
     # --- checkpoints ------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue, each tensor once (checkpoint format 2): the peer's own weights by name
+        where they equal the agreed ones (a round boundary), the start where it equals either (it equals the
+        agreed weights after an outer step, the own weights after an update). Tensors are on the CPU."""
         rng = {"cpu": torch.get_rng_state()}
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
-        return {"shared": self.shared_state(),
-                "model": {n: p.detach().cpu() for n, p in self.params.items()},
-                "start": {n: t.cpu() for n, t in self.start.items()},
+        shared = self.shared_state()
+        agreed = shared["global_params"]
+        local = {n: p.detach().cpu() for n, p in self.params.items()}
+        return {"shared": shared,
+                "model": {n: _stored(t, agreed=agreed[n]) for n, t in local.items()},
+                "start": {n: _stored(t.cpu(), agreed=agreed[n], local=local[n]) for n, t in self.start.items()},
                 "ef": {n: t.cpu() for n, t in self.ef.items()},
                 "inner_optimizer": self.trainer.optimizer.state_dict(),
                 "cursor": {"step": self.step, "pending_tokens": self.pending_tokens, "tokens_seen": self.tokens_seen,
@@ -377,10 +431,13 @@ class Engine:
 
     @torch.no_grad()
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (format 2, or format 1's full tensors) exactly where it was taken."""
         self.load_shared_state(state["shared"])
         for n in self.names:
-            self.params[n].copy_(state["model"][n])
-            self.start[n].copy_(state["start"][n])
+            local = _restored(state["model"][n], f"model.{n}", agreed=self.global_params[n])
+            start = _restored(state["start"][n], f"start.{n}", agreed=self.global_params[n], local=local)
+            self.params[n].copy_(local)
+            self.start[n].copy_(start)
         self.ef = {n: t.to(self.device) for n, t in state["ef"].items()}
         self.trainer.optimizer.load_state_dict(state["inner_optimizer"])
         cursor = state["cursor"]
@@ -395,12 +452,15 @@ class Engine:
 
     def snapshot(self, copy: bool = True) -> "Snapshot":
         """What a checkpoint holds, as of now. ``copy``: deep-copied tensors, so that another thread can
-        write it while the inner steps go on (~4 bytes x 4 per parameter of memory, briefly)."""
+        write it while the inner steps go on (briefly, memory for what the checkpoint stores: 16 to 20 bytes per
+        parameter with SparseLoCo)."""
         state = self.state_dict()
+        if copy:  # the shared state is a copy already
+            state = {k: v if k == "shared" else _deep_clone(v) for k, v in state.items()}
         # the resolved config: `gradnode export` and `gradnode eval` rebuild the model from it
         meta = {"run_id": self.cfg.run.run_id, "algorithm": self.cfg.outer.algorithm, "peer_index": self.peer_index,
                 "step": self.step, "config": self.cfg.model_dump(mode="json")}
-        return Snapshot(self.round, _deep_clone(state) if copy else state, meta)
+        return Snapshot(self.round, state, meta)
 
     def write_snapshot(self, snap: "Snapshot", directory: Path | str | None = None) -> Path:
         directory = Path(directory) if directory is not None else self.cfg.run.output_dir / "checkpoints"

@@ -22,10 +22,10 @@ import pytest
 from conftest import TINY_SWARM, temp_leftovers
 
 from gradnode.node.config import ConfigError, MetricsConfig
-from gradnode.node.swarm.metrics import Exporter, Gauges
+from gradnode.node.swarm.metrics import Exporter, Gauges, Role
 from gradnode.node.swarm.report import Tally
 
-pytestmark = pytest.mark.process  # starts processes or daemons (issue 22: selectable for flake-hunt)
+pytestmark = pytest.mark.process  # starts processes or daemons (selectable for flake-hunt: -m process)
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 
@@ -68,7 +68,7 @@ def info_label(metrics: dict[str, float], key: str) -> str:
 
 def test_the_exporter_serves_the_peers_figures_and_every_rejection_reason() -> None:
     g = Gauges(round=7, train_loss=2.5, val_loss=2.75, tokens_per_s=1234.0, training_since=time.monotonic() - 4.0,
-               tally=Tally(inner_s=3.0, wait_s=0.5, resyncs=2), peers_seen={"train": 3, "serve": 1},
+               tally=Tally(inner_s=3.0, wait_s=0.5, resyncs=2), peers_seen={Role.TRAIN: 3, Role.SERVE: 1},
                hash_agrees=False, rejected=lambda: {"QmA": {"forged": 2}, "QmB": {"forged": 1, "inflated_tokens": 4}},
                traffic=lambda: (1000, 2000))
     port = _free_port()
@@ -254,6 +254,13 @@ def test_the_status_page_serves_the_swarm_from_its_records(watched: dict[str, An
     assert s["live_trainers"] == 3 and s["chains"] == 1 and s["round"] >= 2
     assert all(p["agrees"] is not False for p in s["peers"])
     assert [p["role"] for p in s["peers"]].count("serve") == 1
+    # the bootstrap reads the simulate run folder around its own: the peers' names, and what their files tell
+    named = {p["name"]: p for p in s["peers"] if p["role"] == "train"}
+    assert set(named) == {"peer-0", "peer-1", "peer-2"}, s["peers"]
+    assert named["peer-0"]["val_loss"] is not None  # the peer that evaluates: from its first evaluation on
+    assert all(0 < p["utilization"] <= 1 and p["contributed"] is not None for p in named.values()), named
+    assert {e["name"] for e in s["events"] if e["kind"] == "start"} == set(named), s["events"]
+    assert s["progress"]["target"] == 1000  # `simulate --rounds` goes to the peers: the page reads their start events
     assert any(r["reports"] >= 2 and r["update_bytes"] and len(r["hashes"]) == 1 for r in s["rounds"]), s["rounds"]
     code, headers, body = _get(watched["url"])
     assert code == 200 and b"<title>gradnode status</title>" in body

@@ -23,6 +23,7 @@ bulk, which the trust layer bounds (votes by recent contributors only, admission
 
 from __future__ import annotations
 
+import enum
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -180,6 +181,15 @@ def standing(tails: Mapping[str, Sequence[Link]], me: str, serving: Collection[s
     return Standing(on, tie and len(win) == 1, tuple(win), len(found) + len(unsure), tie)
 
 
+class Move(enum.Enum):
+    """What a look at the chains calls for: stay on this peer's chain, re-sync to the majority's state, or look
+    again on fresh records and adopt the winning chain's state if still off it (``Follow.confirm``)."""
+
+    STAY = "stay"
+    RESYNC = "resync"
+    LOOK_AGAIN = "look again"
+
+
 @dataclass
 class Follow:
     """When a peer leaves its chain for another's: one rule over the two signals it has after a round, the
@@ -188,46 +198,48 @@ class Follow:
 
     The chain rule decides; the reports only hasten it. Off the winning chain in two looks in a row (four
     when it lost only a 1-1 tie alone: one record of a 2-1 majority looking stale for a moment makes one),
-    the peer looks again on fresh records and, still off it, adopts the winner's state ('look again', then
-    ``confirm``). Off the winning chain and off the reports' majority in one look: both signals agree, it
-    re-syncs at once ('resync'). Off the majority while the chain rule says its chain wins: nothing. The two
-    signals are read from different records at different moments; acting on either alone let the two sides
-    of a healed 2|2 split each adopt the other's chain within seconds (one side's re-sync, whose report
-    count missed one of its own allies, and the other side's fork sync), and the swarm stayed split.
+    the peer looks again on fresh records and, still off it, adopts the winner's state (``Move.LOOK_AGAIN``,
+    then ``confirm``). Off the winning chain and off the reports' majority in one look: both signals agree,
+    it re-syncs at once (``Move.RESYNC``). Off the majority while the chain rule says its chain wins: it stays
+    (``Move.STAY``). The two signals are read from different records at different moments; acting on either
+    alone let the two sides of a healed 2|2 split each adopt the other's chain within seconds (one side's
+    re-sync, whose report count missed one of its own allies, and the other side's fork sync), and the swarm
+    stayed split.
 
     While no verdict stands (``Standing.decided`` False: peers that cannot tell yet could tip it), nobody leaves
     its chain by the chain rule; a peer off the reports' majority in UNSETTLED_LOOKS looks in a row, the
     majority's state being one more than half of all tails list (``vouched_elsewhere``: the state its re-sync
-    then looks for, ``adoptable``), re-syncs ('resync'). A split's laggards tell within a round or two; two keys
-    listing one made-up round under two hashes after the honest chain's newest keep every honest peer unsure for
-    as long as they like, and a peer off the chain stayed off it. Off a majority whose state the tails do not
-    vouch for (an even split, reports a few keys tip), a re-sync would find nothing to adopt: it waits."""
+    then looks for, ``adoptable``), re-syncs (``Move.RESYNC``). A split's laggards tell within a round or two;
+    two keys listing one made-up round under two hashes after the honest chain's newest keep every honest peer
+    unsure for as long as they like, and a peer off the chain stayed off it. Off a majority whose state the
+    tails do not vouch for (an even split, reports a few keys tip), a re-sync would find nothing to adopt: it
+    waits."""
 
     lost: int = 0  # looks in a row that found this peer off the winning chain
     stuck: int = 0  # looks in a row with no verdict that found it off the reports' majority
 
-    def step(self, s: Standing, off_majority: bool, vouched_elsewhere: bool = False) -> str | None:
-        """'resync', 'look again' or None (see the class)."""
+    def step(self, s: Standing, off_majority: bool, vouched_elsewhere: bool = False) -> Move:
+        """What this look calls for (see the class)."""
         if not s.decided and off_majority and vouched_elsewhere:
             self.lost, self.stuck = 0, self.stuck + 1
             if self.stuck >= UNSETTLED_LOOKS:
                 self.stuck = 0
-                return "resync"
-            return None
+                return Move.RESYNC
+            return Move.STAY
         self.stuck = 0
         if s.on_winner:
             self.lost = 0
-            return None
+            return Move.STAY
         self.lost += 1
         if off_majority:
             self.lost = 0
-            return "resync"
+            return Move.RESYNC
         if self.lost >= (4 if s.tie_alone else 2):
             self.lost = 0
-            return "look again"
-        return None
+            return Move.LOOK_AGAIN
+        return Move.STAY
 
     @staticmethod
     def confirm(fresh: Standing) -> bool:
-        """After 'look again': adopt the winner's state when the fresh look still finds this peer off it."""
+        """After ``Move.LOOK_AGAIN``: adopt the winner's state when the fresh look still finds this peer off it."""
         return not fresh.on_winner

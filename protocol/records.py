@@ -19,7 +19,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 
 from gradnode.protocol.errors import ProtocolError
 
-PROTOCOL_VERSION = 4  # 2: updates named by fingerprint; 3: state hash, seeded proposals, decisions; 4: witness reports
+# 2: updates named by fingerprint; 3: state hash, proposals naming their base state, decisions; 4: witness reports
+PROTOCOL_VERSION = 4
 MAX_RECORD_BYTES = 16 * 1024
 MAX_PEERS_PER_ROUND = 768
 FINGERPRINT_BYTES = 16
@@ -85,11 +86,11 @@ class Record(BaseModel):
     signature: Signature = b"\0"
 
     def signing_bytes(self) -> bytes:
-        body = self.model_dump(exclude={"signature"})
+        body = self.model_dump(by_alias=True, exclude={"signature"})
         return msgpack.packb([self.kind, body], use_bin_type=True)
 
     def to_bytes(self) -> bytes:
-        data = msgpack.packb([self.kind, self.model_dump()], use_bin_type=True)
+        data = msgpack.packb([self.kind, self.model_dump(by_alias=True)], use_bin_type=True)
         assert len(data) <= MAX_RECORD_BYTES, f"{self.kind} record of {len(data)} bytes is too large"
         return data
 
@@ -106,11 +107,20 @@ class Record(BaseModel):
             raise RecordError(f"undecodable {cls.kind} record: {err}") from None
         if kind != cls.kind or not isinstance(body, dict):
             raise RecordError(f"expected a {cls.kind} record, got {str(kind)[:32]!r}")
+        unknown = set(body) - _wire_keys(cls)
+        if unknown:  # a field's Python name where the wire has its alias is no key of the wire either
+            raise RecordError(f"invalid {cls.kind} record: unknown key {str(min(map(str, unknown)))[:32]!r}")
         try:
             return cls.model_validate(_tuples(cls, body))
         except ValidationError as err:
             raise RecordError(f"invalid {cls.kind} record: {err.errors()[0]['loc']} {err.errors()[0]['msg']}") \
                 from None
+
+
+@functools.lru_cache(maxsize=None)
+def _wire_keys(cls: type[Record]) -> frozenset[str]:
+    """The keys of ``cls``'s msgpack map: each field's serialization alias, else its name."""
+    return frozenset(f.serialization_alias or name for name, f in cls.model_fields.items())
 
 
 def _tuples(cls: type[Record], body: dict) -> dict:
@@ -193,27 +203,30 @@ class UpdateAnnouncement(Record):
 
 class Report(Record):
     """A witness's report of round r at its deadline: the updates it fetched and verified (fingerprints),
-    on its chain (``seed``). An update is in the round when a strict majority of the eligible witnesses'
-    reports list it (protocol/witness.py). A report is final once published: a second, different one for
-    the round and chain, an abstention included, is equivocation.
+    on its chain (``base``: the state hash the round builds on; ``seed`` on the wire). An update is in the
+    round when a strict majority of the eligible witnesses' reports list it (protocol/witness.py). A report is
+    final once published: a second, different one for the round and chain, an abstention included, is
+    equivocation.
 
     ``abstain``: the witness sits this round out (a straggler skipping ahead to the next round); nobody
     waits for its report."""
 
+    model_config = ConfigDict(populate_by_name=True)
     kind: ClassVar[str] = "report"
     round: Round
     witness: PeerId
-    seed: str = Field("", max_length=128, pattern=r"^[0-9a-f]*$",
-                      description="The state hash the witness's previous round agreed on (its chain).")
+    base: str = Field("", max_length=128, pattern=r"^[0-9a-f]*$", validation_alias="seed", serialization_alias="seed",
+                      description="The state hash the witness's previous round agreed on: the state this round "
+                                  "builds on (its chain).")
     included: Fingerprints = b""
     abstain: bool = False
 
 
 def report_digest(p: Report) -> str:
-    """What a report says (its chain's seed, its fingerprints, or that it abstains), hashed: two reports of
-    one witness for one round and seed with different digests are equivocation, provable by showing both
-    signed records (a peer rolled back onto another chain reports again, under another seed)."""
-    return hashlib.blake2b(p.seed.encode() + b"/" + p.included + bytes([p.abstain]), digest_size=16).hexdigest()
+    """What a report says (its chain's base, its fingerprints, or that it abstains), hashed: two reports of
+    one witness for one round and base with different digests are equivocation, provable by showing both
+    signed records (a peer rolled back onto another chain reports again, on another base)."""
+    return hashlib.blake2b(p.base.encode() + b"/" + p.included + bytes([p.abstain]), digest_size=16).hexdigest()
 
 
 class Equivocation(Record):

@@ -13,19 +13,19 @@ collect   Every announced update is fetched and verified (the shell does that; `
           anchor): ``window`` seconds after the k-th first sighting, k = ceil(live / 2); in the run's first
           round, where every 'training' record counts, a round and a window after the first sighting at
           the latest (keys that cost nothing and never announce would hold it open). Collecting ends
-          when every live trainer's update is verified ('everyone'), when a strict majority of the other
-          witnesses reported and no fetch is under way ('others reported'), or once the updates announced
-          by the deadline are verified or failed, at most one window after it ('deadline'); at the latest
-          ``max_wait_s`` after the round began.
+          (``CollectEnd``) when every live trainer's update is verified ('everyone'), when a strict majority
+          of the other witnesses reported and no fetch is under way ('others reported'), once the updates
+          announced by the deadline are verified or failed ('deadline'), or at most one window after the
+          deadline and at the latest ``max_wait_s`` after the round began ('deadline and a window').
 report    A witness publishes what it verified (``PublishReport``); an observer reports nothing.
-decide    The set is what a strict majority of the counted reports lists (protocol/witness.py). The peer
-          waits for every eligible witness that is not absent, up to a grace period (``max(commit_grace_s,
-          window)``); past it, it asks the missing witnesses for their reports directly (``AskWitnesses``,
-          once a window); with no eligible witness heard two windows past the grace, the live trainers'
-          reports count instead ('live fallback'); with none of those either and every other trainer two
-          rounds ahead, the round is given up ('passed by'), as it is at the grace's end by a peer that is
-          leaving with no report to count and no other trainer in sight ('all left'); ``max_wait_s`` after
-          the report, whatever was counted stands ('max wait').
+decide    The set is what a strict majority of the counted reports lists (protocol/witness.py); ``HowDecided``
+          names the rule that ended the wait. The peer waits for every eligible witness that is not absent,
+          up to a grace period (``max(commit_grace_s, window)``); past it, it asks the missing witnesses for
+          their reports directly (``AskWitnesses``, once a window); with no eligible witness heard two
+          windows past the grace, the live trainers' reports count instead ('live fallback'); with none of
+          those either and every other trainer two rounds ahead, the round is given up ('passed by'), as it
+          is at the grace's end by a peer that is leaving with no report to count and no other trainer in
+          sight ('all left'); ``max_wait_s`` after the report, whatever was counted stands ('max wait').
 settle    Just before applying, the reports are counted again as they stand (``settle``): a report that came
           after the grace period is in by then for every peer that received it.
 
@@ -35,6 +35,7 @@ proves and bans it; ``ReportSeen`` of a second, different report returns ``Equiv
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Iterable, Mapping, Union
@@ -69,14 +70,14 @@ def deadline_from(first_seen: dict[str, float], n_live: int, window: float) -> f
     return sorted(first_seen.values())[k - 1] + window
 
 
-def stop_at(first_seen: dict[str, float], n_live: int, window: float, round_seconds: float,
-            previous: tuple[dict[str, float], int] | None = None) -> float | None:
-    """When a peer should have finished its inner steps of a round: half way from the round's first
-    announcement to its deadline, which leaves time to apply the previous round and announce (a slow peer so
-    runs fewer steps instead of stalling the others). Before the round's deadline is known it is predicted
-    from ``previous`` (that round's first sightings and live trainers): its deadline plus one median round,
-    less half a window (a slow peer must stop in time, not notice the deadline once it has passed). None:
-    nothing to go by yet."""
+def cut_at(first_seen: dict[str, float], n_live: int, window: float, round_seconds: float,
+           previous: tuple[dict[str, float], int] | None = None) -> float | None:
+    """The round's cut time, when a peer should have finished its inner steps of a round: half way from the
+    round's first announcement to its deadline, which leaves time to apply the previous round and announce (a
+    slow peer so runs fewer steps instead of stalling the others). Before the round's deadline is known it is
+    predicted from ``previous`` (that round's first sightings and live trainers): its deadline plus one median
+    round, less half a window (a slow peer must cut its steps in time, not notice the deadline once it has
+    passed). None: nothing to go by yet."""
     deadline = deadline_from(first_seen, n_live, window)
     if deadline is not None:
         return deadline - 0.5 * (deadline - min(first_seen.values()))
@@ -84,16 +85,16 @@ def stop_at(first_seen: dict[str, float], n_live: int, window: float, round_seco
     return None if before is None else before + round_seconds - 0.5 * window
 
 
-def past_stop(now: float, step_s: float, stop: float | None) -> bool:
-    """One more inner step, started now, would end after the stop time."""
-    return stop is not None and now + step_s > stop
+def past_cut(now: float, step_s: float, cut: float | None) -> bool:
+    """One more inner step, started now, would end after the cut time."""
+    return cut is not None and now + step_s > cut
 
 
-def too_late(now: float, step_s: float, min_steps: int, stop: float | None) -> bool:
-    """The round's stop time (its deadline running, ``stop_at`` without a prediction) is nearer than the
+def too_late(now: float, step_s: float, min_steps: int, cut: float | None) -> bool:
+    """The round's cut time (its deadline running, ``cut_at`` without a prediction) is nearer than the
     peer's fewest steps: its update would arrive after the others decided, so it abstains from the round
     and computes for the next one."""
-    return step_s > 0 and stop is not None and now + min_steps * step_s > stop
+    return step_s > 0 and cut is not None and now + min_steps * step_s > cut
 
 
 # --- what a peer sees --------------------------------------------------------------------------------
@@ -101,11 +102,12 @@ def too_late(now: float, step_s: float, min_steps: int, stop: float | None) -> b
 
 @dataclass(frozen=True)
 class Report:
-    """A witness's report as the core needs it: its chain (``seed``), the fingerprints it lists (packed,
-    records.pack), or an abstention. ``digest`` identifies the report (records.report_digest)."""
+    """A witness's report as the core needs it: its chain (``base``: the state hash the round builds on), the
+    fingerprints it lists (packed, records.pack), or an abstention. ``digest`` identifies the report
+    (records.report_digest)."""
 
     witness: str
-    seed: str
+    base: str
     fps: bytes = b""
     abstain: bool = False
     digest: bytes = b""
@@ -237,11 +239,23 @@ class AskWitnesses:
     wait_s: float
 
 
+class HowDecided(enum.Enum):
+    """Which rule ended a round's decision (the module docstring tells each)."""
+
+    ALL_REPORTED = "all reported"
+    GRACE = "grace"
+    ASKED = "asked"
+    LIVE_FALLBACK = "live fallback"
+    PASSED_BY = "passed by"
+    ALL_LEFT = "all left"
+    MAX_WAIT = "max wait"
+
+
 @dataclass(frozen=True)
 class Decided:
     fps: bytes | None  # None: no report counted (the round is undecided for now)
     witnesses: int
-    how: str  # 'all reported', 'grace', 'asked', 'live fallback', 'passed by', 'all left', 'max wait'
+    how: HowDecided
 
 
 @dataclass(frozen=True)
@@ -260,34 +274,51 @@ class Wake:
 Action = Union[PublishReport, AskWitnesses, Decided, Equivocated, Wake]
 
 
+class Phase(enum.Enum):
+    """Where a round's core stands: collecting updates, deciding on the reports, or decided."""
+
+    COLLECT = "collect"
+    DECIDING = "deciding"
+    DECIDED = "decided"
+
+
+class CollectEnd(enum.Enum):
+    """Why collecting ended (the module docstring tells each)."""
+
+    EVERYONE = "everyone"
+    OTHERS_REPORTED = "others reported"
+    DEADLINE = "deadline"
+    DEADLINE_AND_WINDOW = "deadline and a window"
+
+
 @dataclass
 class RoundCore:
     """Round ``round_`` as peer ``me`` runs it. ``eligible``: its eligible witnesses (empty: the live trainers
     when deciding starts); ``sender``: this peer sent an update (it counts itself among the live trainers;
     else it observes); ``witness``: it reports (None: as ``sender``; False for a sender that reported on the
-    round before a restart: a report is final); ``seed``: the state hash the previous round agreed on (only
-    reports on it count)."""
+    round before a restart: a report is final); ``base``: the state hash the previous round agreed on, which
+    this round builds on (only reports on it count)."""
 
     params: Params
     round_: int
     me: str
     eligible: frozenset[str]
     sender: bool
-    seed: str
+    base: str
     round_seconds: float
     start: float
-    phase: str = "collect"  # -> 'deciding' -> 'decided'
+    phase: Phase = Phase.COLLECT
     view: View = field(default_factory=View)
     first_seen: dict[str, float] = field(default_factory=dict)
     verified: dict[str, str] = field(default_factory=dict)
     fetching: set[str] = field(default_factory=set)
     reports: dict[str, Report] = field(default_factory=dict)
     banned: set[str] = field(default_factory=set)
-    elsewhere: set[str] = field(default_factory=set)  # witnesses that reported on another chain (another seed)
+    elsewhere: set[str] = field(default_factory=set)  # witnesses that reported on another chain (another base)
     doubted: set[str] = field(default_factory=set)  # senders this witness's loss check judged harmful
     awaited: frozenset[str] | None = None
     finish_by: float = math.inf
-    collect_why: str = ""
+    collect_why: CollectEnd | None = None  # None while collecting
     reported_at: float = 0.0
     asked_at: float = -math.inf
     live_fallback: bool = False
@@ -342,9 +373,9 @@ class RoundCore:
         for event in events:
             out += self._absorb(event)
         now = max([e.now for e in events])
-        if self.phase == "collect":
+        if self.phase is Phase.COLLECT:
             out += self._collect(now)
-        if self.phase == "deciding":
+        if self.phase is Phase.DECIDING:
             out += self._decide(now)
         wake = self._next_wake(now)
         if wake is not None:
@@ -378,9 +409,9 @@ class RoundCore:
         return self.step(Tick(now))
 
     def _seen(self, r: Report) -> list[Action]:
-        if r.seed != self.seed and not r.abstain:
+        if r.base != self.base and not r.abstain:
             self.elsewhere.add(r.witness)
-        if r.witness in self.banned or (r.seed != self.seed and not r.abstain):
+        if r.witness in self.banned or (r.base != self.base and not r.abstain):
             return []
         first = self.reports.get(r.witness)
         if first is None:
@@ -466,19 +497,20 @@ class RoundCore:
             self.finish_by = now + self.window
         fetched = self.awaited is not None and not (self.awaited & self.fetching)
         if everyone or moved_on or fetched:
-            self.collect_why = "everyone" if everyone else "others reported" if moved_on else "deadline"
+            self.collect_why = CollectEnd.EVERYONE if everyone else CollectEnd.OTHERS_REPORTED if moved_on \
+                else CollectEnd.DEADLINE
         elif now >= min(self.start + self.params.max_wait_s, self.finish_by):
-            self.collect_why = "deadline and a window"
+            self.collect_why = CollectEnd.DEADLINE_AND_WINDOW
         else:
             return []
-        self.phase, self.reported_at = "deciding", now
+        self.phase, self.reported_at = Phase.DECIDING, now
         if not self.eligible:
             self.eligible = frozenset(self.view.live - {self.me}) | ({self.me} if self.witness else frozenset())
         if not self.witness:
             return []
         pairs = tuple(sorted((s, d) for s, d in self.verified.items() if s not in self.doubted))
         fps = pack(pairs)
-        self.reports.setdefault(self.me, Report(self.me, self.seed, fps, digest=fps))
+        self.reports.setdefault(self.me, Report(self.me, self.base, fps, digest=fps))
         return [PublishReport(pairs)]
 
     # --- decide ----------------------------------------------------------------------------------
@@ -503,10 +535,10 @@ class RoundCore:
             return None
         return self.witnessed(r.fps for r in counted), len(counted)
 
-    def _end(self, how: str) -> list[Action]:
+    def _end(self, how: HowDecided) -> list[Action]:
         found = self.count()
         self.decided = Decided(found[0] if found else None, found[1] if found else 0, how)
-        self.phase = "decided"
+        self.phase = Phase.DECIDED
         return [self.decided]
 
     def _grace_end(self) -> float:
@@ -515,29 +547,29 @@ class RoundCore:
 
     def _decide(self, now: float) -> list[Action]:
         grace_end = self._grace_end()
-        hard_stop = self.reported_at + self.params.max_wait_s
+        max_wait_end = self.reported_at + self.params.max_wait_s
         counted = self._counted()
         waiting = set(self.eligible) - set(self.reports) - self._absent() - {self.me}
         if counted and (not waiting or now >= grace_end):
-            return self._end("all reported" if not waiting else "grace")
+            return self._end(HowDecided.ALL_REPORTED if not waiting else HowDecided.GRACE)
         if not counted and self.leaving and now >= grace_end and not set(self.view.live) - {self.me}:
             # leaving, and so is every other trainer in sight (a whole swarm stopped at once: Ctrl+C on `gradnode
             # simulate`, `docker compose down`): nobody is left to report on this round. Waiting out max_wait_s
             # outlasted the grace a supervisor gives before it kills (10 s), and the checkpoint was lost
-            return self._end("all left")
+            return self._end(HowDecided.ALL_LEFT)
         if not counted and now >= grace_end + self.window:
             self.live_fallback = True
             if self._counted():
-                return self._end("live fallback")
+                return self._end(HowDecided.LIVE_FALLBACK)
             self.live_fallback = False
             # nobody will report on this round on our chain: every other trainer is past it, sat it out, or
             # reported on another chain (the two peers of one side of a healed split both sat a round out, the
             # other side's reports were on its own chain, and both waited out max_wait_s while it ran on)
             others = set(self.view.live if self.view.voting is None else self.view.voting) - {self.me}
             if others and others <= set(self.view.ahead) | self._abstaining() | self.elsewhere:
-                return self._end("passed by")
-        if now >= hard_stop:
-            return self._end("max wait")
+                return self._end(HowDecided.PASSED_BY)
+        if now >= max_wait_end:
+            return self._end(HowDecided.MAX_WAIT)
         if now >= grace_end and now - self.asked_at >= self.window:  # only while the round goes on
             self.asked_at = now
             return [AskWitnesses(tuple(sorted(waiting or (set(self.eligible) - {self.me}))), min(self.window, 5.0))]
@@ -548,8 +580,8 @@ class RoundCore:
         out: list[Action] = []
         for r in got:
             out += self._seen(r)
-        if self.phase == "deciding" and self._counted():
-            return out + self._end("asked")
+        if self.phase is Phase.DECIDING and self._counted():
+            return out + self._end(HowDecided.ASKED)
         return out + self.step(Tick(now))
 
     def settle(self) -> tuple[bytes, int] | None:
@@ -564,13 +596,13 @@ class RoundCore:
         return found
 
     def _next_wake(self, now: float) -> float | None:
-        if self.phase == "collect":
+        if self.phase is Phase.COLLECT:
             deadline = self.deadline()
             times = [self.start + self.params.max_wait_s, self.finish_by]
             if deadline is not None and self.awaited is None:
                 times.append(deadline)
             return max(now, min(times))
-        if self.phase == "deciding":  # the next moment a rule can change its mind: never now (no busy loop)
+        if self.phase is Phase.DECIDING:  # the next moment a rule can change its mind: never now (no busy loop)
             grace_end = self._grace_end()
             times = [self.reported_at + self.params.max_wait_s, grace_end, grace_end + self.window,
                      self.asked_at + self.window]

@@ -9,6 +9,7 @@ same functions on what its peers see.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections import Counter
 from typing import Callable, Collection, Iterable, Mapping, Protocol, Sequence, TypeVar
@@ -82,19 +83,27 @@ def download_order(offers: Sequence[C]) -> list[list[C]]:
     return sorted(groups.values(), key=lambda g: (-len(g), min(o.peer for o in g)))
 
 
-def replay_or_download(*, behind: int, window: int, replay_bytes: int, state_bytes: int) -> str:
+class CatchUp(enum.Enum):
+    """How a peer behind gets level: replay the missed rounds' updates, or download the state."""
+
+    REPLAY = "replay"
+    DOWNLOAD = "download"
+
+
+def replay_or_download(*, behind: int, window: int, replay_bytes: int, state_bytes: int) -> CatchUp:
     """A peer ``behind`` rounds behind the newest offer, whose missed rounds' updates are kept for ``window``
-    rounds and weigh ``replay_bytes`` against a state of ``state_bytes``: 'replay' them, or 'download'."""
+    rounds and weigh ``replay_bytes`` against a state of ``state_bytes``: replay them when that is cheaper and
+    they are all kept, else download the state."""
     if behind <= 0 or behind > window or replay_bytes >= state_bytes:
-        return "download"
-    return "replay"
+        return CatchUp.DOWNLOAD
+    return CatchUp.REPLAY
 
 
 def lowest_round(own_round: int, *, resync: bool, fork: bool) -> int:
     """The oldest state a look may take (an offer's round: the state after applying the round before it), for a
     peer whose engine is at ``own_round``: a lost fork's, any state of the winning chain (its links decide); a
     re-sync after a hash mismatch's, a state of its own round on (an older one would have it redo rounds it may
-    split again: node/SWARM.md measures the other choice); a start's or a resume's, a newer state only."""
+    split again: docs/notes/swarm.md measures the other choice); a start's or a resume's, a newer state only."""
     return 0 if fork else own_round if resync else own_round + 1
 
 
@@ -114,14 +123,14 @@ def mismatch_counts(mismatch: int | None, trusted_from: int) -> bool:
 
 
 def after_hash_check(off: bool, follow: chain.Follow, standing: chain.Standing | None,
-                     vouched_elsewhere: bool = False) -> str | None:
+                     vouched_elsewhere: bool = False) -> chain.Move:
     """What a weight-hash check calls for: with a look at the chains (``standing``), the chain rule's answer
-    (chain.Follow: stay on a chain that wins, 'resync' off it, 'look again' when another chain wins; with no
-    verdict, 'resync' after a few looks off a majority whose state most tails list, ``vouched_elsewhere``);
-    without one, the reports decide alone: 'resync' when ``off``."""
+    (chain.Follow: stay on a chain that wins, re-sync off it, look again when another chain wins; with no
+    verdict, re-sync after a few looks off a majority whose state most tails list, ``vouched_elsewhere``);
+    without one, the reports decide alone: re-sync when ``off``."""
     if standing is not None:
         return follow.step(standing, off, vouched_elsewhere)
-    return "resync" if off else None
+    return chain.Move.RESYNC if off else chain.Move.STAY
 
 
 def asks_if_over(trainers: Collection[int], enough: bool, resumed: bool, target: int) -> bool:

@@ -14,7 +14,7 @@ round (an empty ledger) every key counts, as before: a fresh peer has nobody's w
 Why not the ledger alone: a ledger is one chain's, and a peer that forked alone in round 0 counts only its
 own chain's contributors (itself and whoever was in its set). Its own chain then ties or wins against the
 chain everyone else follows, whose keys its ledger never names, and the run ends on two hashes (the
-deterministic simulator: seed 15 of a healed 2|2 split with late records; node/SWARM.md). The updates it
+deterministic simulator: seed 15 of a healed 2|2 split with late records; docs/notes/swarm.md). The updates it
 verified name the peers working beside it whatever chain they follow. The bar is the ledger's: an update
 the robust rule would count (not a replay, not against the others' direction); a rules-valid update it
 screens out (a replay, a flipped sign, noise) earns no vote, though the reputation table never strikes a

@@ -2,7 +2,7 @@
 """The floor of one round at N peers: N real round cores (protocol/round.py), each fed every other peer's
 announcement, fetch, verification and report as the node feeds them (one event object per record and reader,
 in a few polls), with no network, clock or simulator around them. What `gradnode simulate --virtual` can never
-beat while the core takes one event per record and reader (node/SWARM.md, "Scale"). Usage:
+beat while the core takes one event per record and reader (docs/notes/swarm.md, "Scale"). Usage:
 
     python scripts/core_floor.py --peers 64 128 256 512 --polls 10
 """
@@ -24,12 +24,12 @@ def one_round(n: int, polls: int) -> tuple[float, int, int]:
     records = {p: (1, True) for p in peers}
     cores = []
     for me in peers:
-        c = core.RoundCore(PARAMS, 1, me, frozenset(peers), True, "seed", 2.0, 0.0)
+        c = core.RoundCore(PARAMS, 1, me, frozenset(peers), True, "base", 2.0, 0.0)
         c.step(core.Members(0.0, core.view_of(records, me, 1, workers=peers)))
         c.own_update(0.0, "d" + me)
         cores.append(c)
     fps = pack((p, "d" + p) for p in peers)
-    reports = {p: core.Report(p, "seed", fps, digest=fps) for p in peers}
+    reports = {p: core.Report(p, "base", fps, digest=fps) for p in peers}
     chunk = max(1, n // polls)
     events = 0
     start = time.process_time()
@@ -48,7 +48,7 @@ def one_round(n: int, polls: int) -> tuple[float, int, int]:
             events += len(batch)
             if batch:
                 c.steps(batch)
-    return time.process_time() - start, events, sum(c.phase == "decided" for c in cores)
+    return time.process_time() - start, events, sum(c.phase is core.Phase.DECIDED for c in cores)
 
 
 def main() -> None:

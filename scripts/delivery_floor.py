@@ -5,7 +5,7 @@ record reaches every reader after a delay of its own, as `gradnode simulate --vi
 reader's poll it falls in, a mailbox append; at the poll a sort and a call), with no round core, clock or rule
 behind it. At 512 peers a round moves about 5.5 records per pair of peers (a member record and weight report
 about 2.5 times, an announcement, a fetch's end, a report: measured on 512 x 2), so this loop alone bounds what
-a round can cost while the simulator keeps a delay per record and reader (node/SWARM.md, "Scale"). Usage:
+a round can cost while the simulator keeps a delay per record and reader (docs/notes/swarm.md, "Scale"). Usage:
 
     python scripts/delivery_floor.py --peers 128 256 512 --per-pair 5.5
 """

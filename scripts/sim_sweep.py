@@ -1,5 +1,5 @@
 """How the virtual simulator scales: `virtual.run(Scenario(peers=N, rounds=R, seed=S))` for each size, in
-CPU-seconds of this process (the README's table in "Tests" and node/SWARM.md's "Scale" come from it).
+CPU-seconds of this process (the README's table in "Tests" and docs/notes/swarm.md's "Scale" come from it).
 
     python scripts/sim_sweep.py                      # 8x20 16x20 32x20 64x20 128x10 256x5 512x2
     python scripts/sim_sweep.py 64x20 512x1 --seed 3

@@ -1,8 +1,8 @@
 """Adversarial peers as real processes with their own keys (`simulate --faults equivocate:P,sybilvotes:P,...`): one
 swarm that mixes the kinds checks the wiring; each kind's decisions are tested one by one in the deterministic
-simulator (tests/test_virtual.py) and in the rules' own tests (issue 23: the real-process tier keeps one mix).
+simulator (tests/test_virtual.py) and in the rules' own tests (the real-process tier keeps one mix).
 
-The test asserts what holds whatever the machine's load does to the schedule (issue 22): safety (the honest
+The test asserts what holds whatever the machine's load does to the schedule: safety (the honest
 peers that finished end on one hash; an update the rules reject is in no decided set), the attacker's
 influence bounded by a number (rejections only for the attack's reason, at most a bounded count of them; the
 rounds it counted in), and progress in rounds with a wide margin (the honest peers' own updates in at least

@@ -30,14 +30,14 @@ def _every_read_from_the_dht(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 RUN = "run"
-SEED = "ab" * 32
+BASE = "ab" * 32
 
 
 def _agreement(members: Membership, me: str, eligible: list[str], *, witness: bool, round_: int = 5,
                grace_s: float = 0.5, equivocators: Equivocators | None = None, max_wait_s: float = 60.0) -> Agreement:
     cfg = SwarmConfig(max_wait_s=max_wait_s, commit_grace_s=grace_s)  # a deadline window of 2 s (min_deadline_s)
     return Agreement(members=members, cfg=cfg, run_id=RUN, round_=round_, me=me, eligible=eligible, witness=witness,
-                     round_seconds=1.0, leaving=threading.Event(), seed=SEED, equivocators=equivocators)
+                     round_seconds=1.0, leaving=threading.Event(), base=BASE, equivocators=equivocators)
 
 
 def _collected(g: Agreement, announced: list[str], verified: list[tuple[str, str]] = ()) -> None:
@@ -46,7 +46,7 @@ def _collected(g: Agreement, announced: list[str], verified: list[tuple[str, str
     now = time.monotonic()
     g.poll(now, [core.Announced(now, s, now - 60.0) for s in announced] +
            [core.Verified(now, s, d) for s, d in verified])
-    assert g.core.phase != "collect", g.core.phase
+    assert g.core.phase is not core.Phase.COLLECT, g.core.phase
 
 
 def _decide(agreement: Agreement) -> tuple[Verdict | None, str]:
@@ -85,7 +85,7 @@ def test_a_round_every_other_trainer_passed_is_given_up_not_waited_out(trio) -> 
     g = _agreement(mc, c.peer_id, both, witness=False, round_=16, max_wait_s=8.0)
     _collected(g, both)
     outcome, ended = _decide(g)
-    assert outcome is None and ended == "max wait", ended  # a (at 17) might still report: the full wait
+    assert outcome is None and ended is core.HowDecided.MAX_WAIT, ended  # a (at 17) might still report: the full wait
 
     # b's record is published again too: ttl 30 s, and the full wait above plus a loaded machine's DHT calls
     # could age the first one out (b then no longer live: the wait runs to max_wait_s, a correct 'max wait')
@@ -95,10 +95,10 @@ def test_a_round_every_other_trainer_passed_is_given_up_not_waited_out(trio) -> 
     g = _agreement(mc, c.peer_id, both, witness=False, round_=16)
     _collected(g, both)
     outcome, ended = _decide(g)
-    assert outcome is None and ended == "passed by", ended
+    assert outcome is None and ended is core.HowDecided.PASSED_BY, ended
 
     assert ma.publish(round_=19, **common) and mb.publish(round_=21, **common)  # live again, as above
-    assert mb.write("reports", 16, Report(run_id=RUN, round=16, witness=b.peer_id, seed=SEED,
+    assert mb.write("reports", 16, Report(run_id=RUN, round=16, witness=b.peer_id, base=BASE,
                                           included=pack([_update(b.peer_id)])))
     g = _agreement(mc, c.peer_id, [a.peer_id], witness=False, round_=16)
     _collected(g, both)
@@ -120,7 +120,7 @@ def test_a_report_the_dht_does_not_show_is_read_from_its_witness(trio) -> None:
     common = dict(training=True, step_seconds=1.0, inner_steps=4, tokens_per_s=1.0, rejected=0, loss=None)
     assert ma.publish(round_=17, **common) and mb.publish(round_=17, **common)
     mc.members(max_age=0.0)
-    signed = ma.sign(Report(run_id=RUN, round=16, witness=a.peer_id, seed=SEED, included=pack([_update(a.peer_id)])))
+    signed = ma.sign(Report(run_id=RUN, round=16, witness=a.peer_id, base=BASE, included=pack([_update(a.peer_id)])))
     b.blobs.put(report_record_name(RUN, 16, b.peer_id), signed.to_bytes())  # a's report under b's name
     g = _agreement(mc, c.peer_id, [b.peer_id], witness=False, round_=16)
     assert g.ask({b.peer_id}, wait_s=30.0) == [] and g.reports() == {}  # not b's: refused
@@ -130,7 +130,7 @@ def test_a_report_the_dht_does_not_show_is_read_from_its_witness(trio) -> None:
     _collected(g, [a.peer_id, b.peer_id])
     verdict, ended = _decide(g)
     assert verdict is not None and verdict.witnesses == 1 and verdict.fps == pack([_update(a.peer_id)]), ended
-    assert ended == "asked", ended  # read from its witness after the grace, not counted at max_wait_s
+    assert ended is core.HowDecided.ASKED, ended  # read from its witness after the grace, not counted at max_wait_s
 
 
 def test_a_censoring_witness_keeps_out_nothing_the_others_verified(trio) -> None:
@@ -149,7 +149,7 @@ def test_a_censoring_witness_keeps_out_nothing_the_others_verified(trio) -> None
     for g in (ga, gb, gc):
         verdict, ended = _decide(g)
         assert verdict is not None and verdict.fps == pack(everything) and verdict.witnesses == 3, ended
-        assert ended != "max wait", ended  # every eligible witness reported: counted, not waited out
+        assert ended is not core.HowDecided.MAX_WAIT, ended  # every eligible witness reported: counted, not waited out
 
 
 def test_a_report_that_came_late_for_one_peer_splits_nobody(trio, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -205,7 +205,8 @@ def test_reports_of_keys_outside_the_eligible_witnesses_move_nobody(trio, tmp_pa
         gc = _agreement(mc, c.peer_id, both, witness=False)
         _collected(gc, [a.peer_id, b.peer_id, d.peer_id])
         first, ended = _decide(gc)
-        assert first is not None and first.fps == pack(ours) and first.witnesses == 2 and ended != "max wait"
+        assert first is not None and first.fps == pack(ours) and first.witnesses == 2, ended
+        assert ended is not core.HowDecided.MAX_WAIT, ended
         assert gc.settle() is first
     finally:
         for t in extra:
@@ -230,7 +231,7 @@ def test_a_witness_that_rewrites_its_report_is_caught_and_no_longer_counted(trio
     _collected(gb, ids, both)
     first, _ = _decide(ga)
     assert first is not None and first.fps == pack(both) and b.peer_id not in ea
-    assert mb.write("reports", 5, Report(run_id=RUN, round=5, witness=b.peer_id, seed=SEED,
+    assert mb.write("reports", 5, Report(run_id=RUN, round=5, witness=b.peer_id, base=BASE,
                                          included=pack([_update(b.peer_id)])))
     gc = _agreement(mc, c.peer_id, ids, witness=False, equivocators=ec)
     assert gc.reports()[b.peer_id].included == pack([_update(b.peer_id)]) and b.peer_id not in ec

@@ -7,8 +7,10 @@ import random
 from pathlib import Path
 
 from gradnode.node.swarm.addressbook import MAX_ENTRIES, AddressBook, with_peer_id
-from gradnode.protocol.chain import (UNSETTLED_LOOKS, Follow, Standing, adoptable, agree, allies_since, groups, split,
-                                     standing, unsettled, vouched, winner)
+from gradnode.protocol.chain import (UNSETTLED_LOOKS, Follow, Move, Standing, adoptable, agree, allies_since, groups,
+                                     split, standing, unsettled, vouched, winner)
+
+STAY, RESYNC, LOOK = Move.STAY, Move.RESYNC, Move.LOOK_AGAIN
 
 
 def tail(prefix: str, newest: int, n: int = 4) -> list[tuple[int, str]]:
@@ -83,7 +85,7 @@ def test_a_state_one_key_lists_ahead_of_the_chain_is_never_adoptable() -> None:
     """A key whose tail is the honest chain's plus a made-up state after its newest agrees with every honest tail
     (they share the rounds before it): the chain rule counts it on the winning chain. A state only some winners list
     is not adoptable; one more than half of them list is. Found by the simulator's 'futurestate' liars (a joiner took
-    a state claimed 5 rounds ahead in 40 of 40 runs before; node/SWARM.md)."""
+    a state claimed 5 rounds ahead in 40 of 40 runs before; docs/notes/swarm.md)."""
     honest = {p: tail("aa", 20) for p in ("p1", "p2", "p3")}
     liar = tail("aa", 20) + [(25, "made-up")]
     tails = {**honest, "liar": liar}
@@ -126,14 +128,14 @@ def test_the_chain_rule_decides_and_the_reports_only_hasten_it() -> None:
     1-1 tie alone waits four looks."""
     lost, won, tie = Standing(False, False, ("b",), 2), Standing(True, False, ("a",), 2), Standing(False, True, ("b",), 2)
     f = Follow()
-    assert [f.step(won, True), f.step(won, True)] == [None, None]  # the reports say we lost: the chain rule not
-    assert [f.step(lost, False), f.step(lost, False)] == [None, "look again"]
+    assert [f.step(won, True), f.step(won, True)] == [STAY, STAY]  # the reports say we lost: the chain rule not
+    assert [f.step(lost, False), f.step(lost, False)] == [STAY, LOOK]
     assert Follow.confirm(lost) and not Follow.confirm(won)
-    assert Follow().step(lost, True) == "resync"
+    assert Follow().step(lost, True) == RESYNC
     f = Follow()
-    assert [f.step(tie, False) for _ in range(4)] == [None, None, None, "look again"]
+    assert [f.step(tie, False) for _ in range(4)] == [STAY, STAY, STAY, LOOK]
     f = Follow()
-    assert [f.step(lost, False), f.step(won, False), f.step(lost, False)] == [None, None, None]  # not in a row
+    assert [f.step(lost, False), f.step(won, False), f.step(lost, False)] == [STAY, STAY, STAY]  # not in a row
 
 
 def test_with_no_verdict_for_three_looks_a_peer_off_the_reports_majority_re_syncs() -> None:
@@ -151,14 +153,14 @@ def test_with_no_verdict_for_three_looks_a_peer_off_the_reports_majority_re_sync
     assert st.on_winner and not st.decided
     assert UNSETTLED_LOOKS == 3
     f = Follow()
-    assert [f.step(st, True, True) for _ in range(3)] == [None, None, "resync"]
-    assert [f.step(st, False, True) for _ in range(4)] == [None] * 4  # on the majority: nothing, however long
-    assert [f.step(st, True, False) for _ in range(4)] == [None] * 4  # a majority no tails vouch for: nothing
+    assert [f.step(st, True, True) for _ in range(3)] == [STAY, STAY, RESYNC]
+    assert [f.step(st, False, True) for _ in range(4)] == [STAY] * 4  # on the majority: nothing, however long
+    assert [f.step(st, True, False) for _ in range(4)] == [STAY] * 4  # a majority no tails vouch for: nothing
     won = Standing(True, False, ("a",), 2)
     f = Follow()
     assert [f.step(st, True, True), f.step(st, True, True), f.step(won, True, True), f.step(st, True, True)] == \
-        [None] * 4  # not in a row
-    assert [f.step(st, True, True), f.step(st, True, True)] == [None, "resync"]
+        [STAY] * 4  # not in a row
+    assert [f.step(st, True, True), f.step(st, True, True)] == [STAY, RESYNC]
     # three keys whose tails agree and disagree in a cycle with the honest one leave every tail unsure, found
     # by none of the groups: no verdict either (a reviewer's find: it read as a verdict, and nobody ever moved)
     h = [(9, "h9"), (10, "h10")]

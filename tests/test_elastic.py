@@ -18,7 +18,7 @@ from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm.identity import load_or_create
 from gradnode.node.swarm.transport import Transport
 
-pytestmark = pytest.mark.process  # starts processes or daemons (issue 22: selectable for flake-hunt)
+pytestmark = pytest.mark.process  # starts processes or daemons (selectable for flake-hunt: -m process)
 
 # --- pure: the fault grammar and checkpoints ---------------------------------------------------------
 

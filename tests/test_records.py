@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from gradnode.protocol.errors import ProtocolError
 from gradnode.protocol.records import (FINGERPRINT_BYTES, MAX_PEERS_PER_ROUND, MAX_RECORD_BYTES, Holdings, Report,
                                        RecordError, UpdateAnnouncement, WeightHash, fingerprint,
-                                       majority_hash, pack, resolve)
+                                       majority_hash, pack, report_digest, resolve)
 
 A = "QmYzqWF8yvd4ihZ6sMsf9zDEeoHEbNEKdDi7vvEEE7CebL"
 B = "Qmec4pi4nN8WCknG7kSjyrc4n7LdYmNTs117BgTRvTjC1H"
@@ -42,6 +42,29 @@ def test_proposal_round_trip_keeps_the_updates_and_resolves_them_against_announc
     assert fingerprint(A, D) != fingerprint(B, D) != fingerprint(A, other)
 
 
+# A signed report as the code encoded it while its base was still the field ``seed`` (msgpack, hex)
+REPORT_WIRE = ("92a67265706f727487a672756e5f6964a372756ea97369676e6174757265c403736967a5726f756e6407a77769746e657373"
+               "b43131313131313131313131313131313131313131a473656564d92061626162616261626162616261626162616261626162"
+               "61626162616261626162a8696e636c75646564c4108ff24dc09b73a71af5161c099c98b8a7a76162737461696ec2")
+
+
+def test_a_reports_base_travels_under_the_key_seed_and_its_bytes_are_unchanged() -> None:
+    """``Report.base`` is encoded under the wire key ``seed``: the bytes, the signing bytes and the digest of a
+    report are those of peers that named the field so (records on the wire and signatures stay valid). The
+    Python name is no wire key: a record keyed ``base`` is malformed."""
+    rec = Report(run_id="run", round=7, witness="1" * 20, base="ab" * 16, included=pack([("s", "d" * 64)]),
+                 signature=b"sig")
+    assert rec.to_bytes().hex() == REPORT_WIRE
+    kind, body = msgpack.unpackb(rec.to_bytes())
+    assert kind == "report" and body["seed"] == "ab" * 16 and "base" not in body
+    assert rec.signing_bytes() == msgpack.packb([kind, {k: v for k, v in body.items() if k != "signature"}])
+    assert report_digest(rec) == "308e05e23af1c76670e24b13b1e606a4"
+    assert Report.from_bytes(bytes.fromhex(REPORT_WIRE)) == rec
+    body["base"] = body.pop("seed")
+    with pytest.raises(RecordError, match="base"):
+        Report.from_bytes(msgpack.packb([kind, body]))
+
+
 def _peer(i: int) -> str:
     """A well-formed base58 peer id, one per i."""
     import base58
@@ -54,11 +77,11 @@ def test_round_records_of_a_large_swarm_fit_the_record_limit(members: int) -> No
     """Witness report, weight report and holdings of a round with ``members`` updates, signed (RSA-2048: 256
     bytes), and a decision. Spelled out, each (sender, digest) pair cost ~115 bytes: past ~140 the report
     broke 16 KiB. Sizes in bytes (report, weight report, holdings): 8 members 605, 615, 517; 64 members
-    1502, 1512, 1414; 512 members 8670, 8680, 8582 (a report names its chain: 71 bytes of seed). The pairs
+    1502, 1512, 1414; 512 members 8670, 8680, 8582 (a report names its chain: 71 bytes of base). The pairs
     spelled out alone: 921, 7363, 58883."""
     pairs = [(_peer(i), f"{i:064x}") for i in range(members)]
     sig = b"s" * 256
-    recs = [Report(run_id="gradnode-demo-0123456789abcdef", round=10**6, witness=pairs[0][0], seed="f" * 64,
+    recs = [Report(run_id="gradnode-demo-0123456789abcdef", round=10**6, witness=pairs[0][0], base="f" * 64,
                      included=pack(pairs)),
             WeightHash(run_id="gradnode-demo-0123456789abcdef", round=10**6, peer=pairs[0][0], param_hash="f" * 64,
                        included=pack(pairs), update_bytes=2**30),

@@ -16,15 +16,15 @@ PEERS = ["a", "b", "c", "d", "e"]
 
 
 def core(me: str = "a", eligible: tuple[str, ...] = tuple(PEERS), sender: bool = True) -> rc.RoundCore:
-    c = rc.RoundCore(P, 7, me, frozenset(eligible), sender, "seed", 2.0, 0.0)
+    c = rc.RoundCore(P, 7, me, frozenset(eligible), sender, "base", 2.0, 0.0)
     others = frozenset(p for p in PEERS if p != me)
     c.step(rc.Members(0.0, rc.View(trainers=others, counted=others, present=others, live=frozenset(PEERS))))
     return c
 
 
-def report(w: str, senders: list[str], seed: str = "seed") -> rc.Report:
+def report(w: str, senders: list[str], base: str = "base") -> rc.Report:
     fps = pack((s, f"d{s}") for s in senders)
-    return rc.Report(w, seed, fps, digest=fps)
+    return rc.Report(w, base, fps, digest=fps)
 
 
 def kinds(actions: list) -> list[str]:
@@ -37,9 +37,9 @@ def test_collect_ends_when_everyone_is_verified_and_the_report_lists_what_was() 
     for s in PEERS[1:4]:
         c.step(rc.Announced(0.1, s, 0.1))
         c.step(rc.Verified(0.2, s, f"d{s}"))
-    assert c.phase == "collect"  # e has not sent yet: the deadline is not reached
+    assert c.phase is rc.Phase.COLLECT  # e has not sent yet: the deadline is not reached
     out = c.step(rc.Verified(0.3, "e", "de"))
-    assert c.phase == "deciding" and c.collect_why == "everyone"
+    assert c.phase is rc.Phase.DECIDING and c.collect_why is rc.CollectEnd.EVERYONE
     assert [a for a in out if isinstance(a, rc.PublishReport)][0].pairs == tuple((s, f"d{s}") for s in PEERS)
 
 
@@ -51,25 +51,25 @@ def test_the_deadline_falls_a_window_after_half_the_live_trainers_announced() ->
     c.step(rc.Announced(1.0, "c", 1.0))  # 3 of 5: the anchor is the third first sighting
     assert c.deadline() == 1.0 + 2.0
     out = c.step(rc.Tick(2.9))
-    assert c.phase == "collect" and kinds(out)[-1] == "Wake" and out[-1].at == 3.0
+    assert c.phase is rc.Phase.COLLECT and kinds(out)[-1] == "Wake" and out[-1].at == 3.0
     c.step(rc.Tick(3.0))  # b and c were never verified: the awaited fetches have ended (none started)
-    assert c.phase == "deciding" and c.collect_why == "deadline"
+    assert c.phase is rc.Phase.DECIDING and c.collect_why is rc.CollectEnd.DEADLINE
 
 
-def test_a_peer_stops_its_steps_half_way_to_the_deadline_and_abstains_when_too_slow() -> None:
-    """The stop time (node/swarm/clock.py reads it): half way from the round's first announcement to its
+def test_a_peer_cuts_its_steps_half_way_to_the_deadline_and_abstains_when_too_slow() -> None:
+    """The cut time (node/swarm/clock.py reads it): half way from the round's first announcement to its
     deadline; before half the live trainers announced it, predicted from the previous round's deadline plus a
-    median round, less half a window; nothing to go by: None (no stop)."""
+    median round, less half a window; nothing to go by: None (no cut)."""
     window, round_s = rc.window_s(P, 2.0), 2.0  # 2 s: min_deadline_s
     seen = {"b": 10.0, "c": 10.5, "d": 11.0}
-    assert rc.stop_at(seen, 5, window, round_s) == 13.0 - 0.5 * (13.0 - 10.0)  # deadline 11 + 2 (3rd of 5)
-    assert rc.stop_at({"b": 10.0}, 5, window, round_s) is None
+    assert rc.cut_at(seen, 5, window, round_s) == 13.0 - 0.5 * (13.0 - 10.0)  # deadline 11 + 2 (3rd of 5)
+    assert rc.cut_at({"b": 10.0}, 5, window, round_s) is None
     previous = ({"b": 8.0, "c": 8.2, "d": 8.4}, 5)  # the previous round's deadline: 10.4
-    assert rc.stop_at({"b": 10.0}, 5, window, round_s, previous) == 10.4 + 2.0 - 1.0
-    assert rc.stop_at({}, 5, window, round_s, ({}, 5)) is None
-    # one more step of 0.3 s started at 11.3 ends past a stop at 11.5; at 11.1 it does not
-    assert rc.past_stop(11.3, 0.3, 11.5) and not rc.past_stop(11.1, 0.3, 11.5) and not rc.past_stop(99.0, 1.0, None)
-    # its fewest steps (2 of 0.5 s) do not fit before the stop: it sits the round out; one that fits does not
+    assert rc.cut_at({"b": 10.0}, 5, window, round_s, previous) == 10.4 + 2.0 - 1.0
+    assert rc.cut_at({}, 5, window, round_s, ({}, 5)) is None
+    # one more step of 0.3 s started at 11.3 ends past a cut at 11.5; at 11.1 it does not
+    assert rc.past_cut(11.3, 0.3, 11.5) and not rc.past_cut(11.1, 0.3, 11.5) and not rc.past_cut(99.0, 1.0, None)
+    # its fewest steps (2 of 0.5 s) do not fit before the cut: it sits the round out; one that fits does not
     assert rc.too_late(11.0, 0.5, 2, 11.5) and not rc.too_late(10.0, 0.5, 2, 11.5)
     assert not rc.too_late(11.0, 0.0, 2, 11.5)  # no step measured yet: never
 
@@ -85,7 +85,7 @@ def test_the_set_is_what_a_strict_majority_of_the_reports_lists() -> None:
     c.step(rc.ReportSeen(0.2, report("d", ["a", "b", "c", "d", "e"])))
     out = c.step(rc.ReportSeen(0.3, report("e", ["e"])))
     decided = [a for a in out if isinstance(a, rc.Decided)]
-    assert decided and decided[0].how == "all reported" and decided[0].witnesses == 5
+    assert decided and decided[0].how is rc.HowDecided.ALL_REPORTED and decided[0].witnesses == 5
     assert decided[0].fps == pack((s, f"d{s}") for s in PEERS)
 
 
@@ -97,10 +97,10 @@ def test_a_missing_witness_is_waited_for_up_to_the_grace_then_asked() -> None:
     for w in "bcd":
         c.step(rc.ReportSeen(0.2, report(w, PEERS)))
     grace_end = c.reported_at + max(P.commit_grace_s, 2.0) + rc.POLL_S
-    assert c.phase == "deciding"
+    assert c.phase is rc.Phase.DECIDING
     assert not any(isinstance(a, rc.Decided) for a in c.step(rc.Tick(grace_end - 0.01)))
     out = c.step(rc.Tick(grace_end))
-    assert [a.how for a in out if isinstance(a, rc.Decided)] == ["grace"]
+    assert [a.how for a in out if isinstance(a, rc.Decided)] == [rc.HowDecided.GRACE]
 
 
 def test_a_second_different_report_is_equivocation_and_the_witness_is_dropped() -> None:
@@ -114,7 +114,7 @@ def test_a_second_different_report_is_equivocation_and_the_witness_is_dropped() 
 
 def test_reports_on_another_chain_never_count() -> None:
     c = core()
-    c.step(rc.ReportSeen(0.1, report("b", PEERS, seed="other")))
+    c.step(rc.ReportSeen(0.1, report("b", PEERS, base="other")))
     assert c.reports == {}
 
 
@@ -143,7 +143,7 @@ def test_peers_two_rounds_past_the_round_hold_no_deadline_off() -> None:
     c.step(rc.Members(0.0, rc.View(trainers=frozenset("bcde"), counted=frozenset("bcde"), present=frozenset("bcde"),
                                    live=frozenset(PEERS), ahead=frozenset("bcde"))))
     out = c.own_update(0.0, "da")  # the only one live in this round: it has everyone's update, its own
-    assert c.phase == "deciding" and c.collect_why == "everyone" and "PublishReport" in kinds(out)
+    assert c.phase is rc.Phase.DECIDING and c.collect_why is rc.CollectEnd.EVERYONE and "PublishReport" in kinds(out)
     stuck = core()  # the same peer with nobody ahead: it waits for the others' announcements
     stuck.own_update(0.0, "da")
     assert stuck.deadline() is None
@@ -164,16 +164,16 @@ def test_a_round_nobody_on_our_chain_will_report_on_is_given_up() -> None:
     c = core(me="a", eligible=("a", "b", "c", "d"), sender=False)  # an observer: it sat the round out
     c.step(rc.Members(0.0, rc.View(trainers=frozenset("bcd"), counted=frozenset("bcd"), present=frozenset("bcd"),
                                    live=frozenset("abcd"))))
-    c.step(rc.ReportSeen(0.1, rc.Report("b", "seed", abstain=True)))  # its ally sat it out too
+    c.step(rc.ReportSeen(0.1, rc.Report("b", "base", abstain=True)))  # its ally sat it out too
     for w in "cd":  # the other side announced and reported, on its chain
         c.step(rc.Announced(0.1, w, 0.1))
-        c.step(rc.ReportSeen(0.2, report(w, ["c", "d"], seed="their chain")))
+        c.step(rc.ReportSeen(0.2, report(w, ["c", "d"], base="their chain")))
     assert c.elsewhere == {"c", "d"} and c.reports.keys() == {"b"}
     c.step(rc.Tick(c.deadline()))  # collecting ends at the deadline: it fetches nothing (an observer here)
-    assert c.phase == "deciding"
+    assert c.phase is rc.Phase.DECIDING
     out = c.step(rc.Tick(c.reported_at + max(P.commit_grace_s, c.window) + rc.POLL_S + c.window))
-    assert [(a.how, a.fps) for a in out if isinstance(a, rc.Decided)] == [("passed by", None)]
-    assert c.decided is not None and c.decided.how == "passed by"
+    assert [(a.how, a.fps) for a in out if isinstance(a, rc.Decided)] == [(rc.HowDecided.PASSED_BY, None)]
+    assert c.decided is not None and c.decided.how is rc.HowDecided.PASSED_BY
 
 
 def test_a_leaving_peer_gives_its_last_round_up_once_every_other_trainer_left_too() -> None:
@@ -189,20 +189,20 @@ def test_a_leaving_peer_gives_its_last_round_up_once_every_other_trainer_left_to
         live = frozenset("ab" if others_train else "a")
         c.step(rc.Members(0.5, rc.View(trainers=live - {"a"}, counted=live - {"a"}, present=frozenset("abc"),
                                        live=live, leaving=frozenset("bc") - live)))
-        if c.phase == "collect":  # b's update is awaited until the deadline's window ends (never verified)
+        if c.phase is rc.Phase.COLLECT:  # b's update is awaited until the deadline's window ends (never verified)
             c.step(rc.Tick(c.deadline() + c.window))
-        assert c.phase == "deciding" and not c.reports  # it publishes nothing once leaving
+        assert c.phase is rc.Phase.DECIDING and not c.reports  # it publishes nothing once leaving
         return c
 
     c = leaving_alone(others_train=False)
     grace_end = c.reported_at + max(P.commit_grace_s, c.window) + rc.POLL_S
     assert not [a for a in c.step(rc.Tick(grace_end - 0.01)) if isinstance(a, rc.Decided)]  # a late report may come
     out = c.step(rc.Tick(grace_end))
-    assert [(a.how, a.fps) for a in out if isinstance(a, rc.Decided)] == [("all left", None)]
+    assert [(a.how, a.fps) for a in out if isinstance(a, rc.Decided)] == [(rc.HowDecided.ALL_LEFT, None)]
     c = leaving_alone(others_train=True)  # b trains on: its report is waited for, then counted
-    assert c.step(rc.Tick(c.reported_at + 30.0)) and c.phase == "deciding"
+    assert c.step(rc.Tick(c.reported_at + 30.0)) and c.phase is rc.Phase.DECIDING
     out = c.step(rc.ReportSeen(31.0, report("b", ["a", "b"])))
-    assert [a.how for a in out if isinstance(a, rc.Decided)] == ["all reported"]
+    assert [a.how for a in out if isinstance(a, rc.Decided)] == [rc.HowDecided.ALL_REPORTED]
 
 
 def test_a_key_that_never_sent_holds_no_deadline_off_and_votes_nothing() -> None:
@@ -225,7 +225,7 @@ def test_a_key_that_never_sent_holds_no_deadline_off_and_votes_nothing() -> None
     c = core(sender=False)  # a round whose only other trainers are uncounted keys: waited to the deadline
     c.step(rc.Members(0.0, rc.view_of({"a": (7, True), "z": (7, True)}, "a", 7, workers={"a"})))
     c.step(rc.Tick(1.0))
-    assert c.phase == "collect" and c._live() == ({"z"}, set())
+    assert c.phase is rc.Phase.COLLECT and c._live() == ({"z"}, set())
 
 
 def test_keys_that_never_announce_hold_the_first_round_open_for_a_round_and_a_window_at_most() -> None:
@@ -250,11 +250,11 @@ def test_keys_that_never_announce_hold_the_first_round_open_for_a_round_and_a_wi
     c = first_round(view)
     assert c.deadline() == 0.5 + 2.0 + 2.0
     c.step(rc.Tick(4.5))
-    assert c.phase == "deciding" and c.collect_why == "deadline"
+    assert c.phase is rc.Phase.DECIDING and c.collect_why is rc.CollectEnd.DEADLINE
     held = first_round(replace(view, fresh=False))  # the rule before: the anchor alone
     assert held.deadline() is None
     held.step(rc.Tick(59.9))
-    assert held.phase == "collect"
+    assert held.phase is rc.Phase.COLLECT
     c = first_round(rc.view_of(honest, "a", 0))  # honest peers alone: the anchor falls first, as before
     assert c.deadline() == 1.0 + 2.0
     assert not rc.view_of(honest | keys, "a", 1).fresh  # a later round: never (a key counts once it sent)
@@ -284,8 +284,8 @@ def test_a_key_that_does_not_vote_holds_no_given_up_round_open() -> None:
         end = c.reported_at + max(P.commit_grace_s, c.window) + rc.POLL_S + c.window
         c.step(rc.Tick(end))
         return c.decided.how if c.decided else c.phase
-    assert left_behind(frozenset("abc")) == "passed by"
-    assert left_behind(None) == "deciding"  # every live key holds it open
+    assert left_behind(frozenset("abc")) is rc.HowDecided.PASSED_BY
+    assert left_behind(None) is rc.Phase.DECIDING  # every live key holds it open
 
 
 def test_a_witness_banned_elsewhere_is_never_counted() -> None:
@@ -328,13 +328,13 @@ def test_a_waiting_core_never_asks_to_be_woken_now_and_never_asks_in_vain() -> N
                                    live=frozenset("abc"))))
     now, turns = 0.0, 0
     out = c.step(rc.Tick(now))
-    while c.phase != "decided":
+    while c.phase is not rc.Phase.DECIDED:
         wake = [a.at for a in out if isinstance(a, rc.Wake)]
         assert wake and wake[0] > now, (now, out)
         now, turns = wake[0], turns + 1
         out = c.step(rc.Tick(now))
         assert not ({"AskWitnesses", "Decided"} <= set(kinds(out))), out
-    assert c.decided.how == "max wait" and turns < 60, turns
+    assert c.decided.how is rc.HowDecided.MAX_WAIT and turns < 60, turns
 
 
 def test_a_peer_that_leaves_counts_no_report_of_its_own() -> None:
@@ -414,9 +414,9 @@ class CoreMachine(RuleBasedStateMachine):
         self._step(rc.FetchStarted(self.now, sender))
         self._step(rc.Verified(self.now, sender, f"d{sender}") if ok else rc.FetchEnded(self.now, sender))
 
-    @rule(w=st.sampled_from(PEERS[1:]), listed=st.sets(st.sampled_from(PEERS)), chain=st.sampled_from(["seed", "x"]))
+    @rule(w=st.sampled_from(PEERS[1:]), listed=st.sets(st.sampled_from(PEERS)), chain=st.sampled_from(["base", "x"]))
     def report(self, w: str, listed: set[str], chain: str) -> None:
-        self._step(rc.ReportSeen(self.now, report(w, sorted(listed), seed=chain)))
+        self._step(rc.ReportSeen(self.now, report(w, sorted(listed), base=chain)))
 
     @rule(dt=st.floats(0, 30))
     def tick(self, dt: float) -> None:
@@ -427,7 +427,7 @@ class CoreMachine(RuleBasedStateMachine):
     def decided_once_and_by_majority(self) -> None:
         assert self.decisions <= 1
         if self.c.decided is not None and self.c.decided.fps:
-            assert self.c.phase == "decided"
+            assert self.c.phase is rc.Phase.DECIDED
         settled = self.c.settle()
         if settled is None:
             return
@@ -435,7 +435,7 @@ class CoreMachine(RuleBasedStateMachine):
         counted = [r for r in self.c.reports.values() if not r.abstain and r.witness in self.c.eligible]
         # every update in the set is listed by a strict majority of the reports it was counted from, and no
         # banned witness or report of another chain is among them
-        assert all(r.seed == "seed" and r.witness not in self.c.banned for r in counted)
+        assert all(r.base == "base" and r.witness not in self.c.banned for r in counted)
         for fp in unpack(fps):
             assert sum(fp in unpack(r.fps) for r in counted) * 2 > len(counted) or n != len(counted)
 
@@ -465,7 +465,7 @@ def test_what_the_core_counts_follows_the_report_the_shell_published_or_dropped(
     for s in PEERS[1:]:
         c.step(rc.Announced(0.1, s, 0.1))
         c.step(rc.Verified(0.2, s, f"d{s}"))
-    assert c.phase == "deciding"
+    assert c.phase is rc.Phase.DECIDING
     assert c.count() == (pack((s, f"d{s}") for s in PEERS), 1)
     c.reports["a"] = report("a", ["a"])  # what the shell published: its own update only
     assert c.count() == (pack([("a", "da")]), 1)

@@ -135,9 +135,9 @@ def test_a_failed_chores_job_is_logged_not_taken_for_a_hash_mismatch(tmp_path) -
 def test_a_round_exchanged_on_a_chain_a_resync_left_is_observed_on_the_chain_held(tmp_path) -> None:
     """A re-sync between round r's publication and its decision can adopt the very state round r starts from,
     of another chain. The exchange opened before counts the reports made on the chain left, where this peer is
-    alone: it would decide with one witness, itself, and fork again (stop 34, a flake hunt of the mix). Round
-    r is then observed on the chain held (as a round sat out) and the old exchange stopped; an exchange on the
-    chain held, or of a round the engine moved past (its outcome is dropped), is left as it is."""
+    alone: it would decide with one witness, itself, and fork again (found hunting a flake of the adversaries'
+    mix). Round r is then observed on the chain held (as a round sat out) and the old exchange stopped; an
+    exchange on the chain held, or of a round the engine moved past (its outcome is dropped), is left as it is."""
     from threading import Event
     from types import SimpleNamespace
 
@@ -151,8 +151,8 @@ def test_a_round_exchanged_on_a_chain_a_resync_left_is_observed_on_the_chain_hel
     peer._observe = lambda round_: observed.append(round_) or "observer of the chain held"  # what it hands back
     r, held = peer.engine.round, peer.engine.state_hash()
 
-    def exchange(round_: int, seed: str) -> SimpleNamespace:
-        return SimpleNamespace(round=round_, agreement=SimpleNamespace(seed=seed), stop_event=Event(), verified={},
+    def exchange(round_: int, base: str) -> SimpleNamespace:
+        return SimpleNamespace(round=round_, agreement=SimpleNamespace(base=base), stop_event=Event(), verified={},
                                doubted=set(), me=peer.identity.peer_id)
 
     same = exchange(r, held)

@@ -35,7 +35,7 @@ def test_a_straggler_a_client_mode_peer_and_a_graceful_leave(run_swarm, metrics_
     test_a_straggler_cuts_its_steps_or_sits_rounds_out_and_holds_nobody_up)."""
     # steps stretched by sleeping (cheap on CPU) so that compute dominates the round, as in real runs; rounds of
     # ~1.5 s for the fast peers: the round clock reads the DHT every 0.5 s, and with rounds of 0.5 s (16 steps)
-    # whether the straggler learnt its stop time in time was left to chance (it failed about half the runs)
+    # whether the straggler learnt its cut time in time was left to chance (it failed about half the runs)
     rounds, steps = 8, 48
     common = [f"inner.steps={steps}", "swarm.min_deadline_s=0.5"]
     summary = run_swarm(peers=4, rounds=rounds, faults="client:3,stop:2@r3",
@@ -47,7 +47,7 @@ def test_a_straggler_a_client_mode_peer_and_a_graceful_leave(run_swarm, metrics_
     assert fast["rounds"] == client["rounds"] == rounds, explain(summary)
     assert fast["param_hash"] == client["param_hash"], explain(summary)
     fast_rows, slow_rows = metrics_of(summary, 0), metrics_of(summary, 1)
-    # whether the straggler keeps up to the end is the load's to say: in a bare container on a slow day (stop 42) its
+    # whether the straggler keeps up to the end is the load's to say: in a bare container on a slow day its
     # first round ended as the others finished the run, it decided its next round alone once they had left, and
     # waited for peers from then on (on one hash with them only when it kept up: below)
     assert slow_rows, explain(summary)
@@ -62,7 +62,7 @@ def test_a_straggler_a_client_mode_peer_and_a_graceful_leave(run_swarm, metrics_
                for line in (folder / f"peer-{i}.log").read_text(errors="replace").splitlines()), explain(summary)
     assert any(fast["peer"] in row["senders"] for row in fast_rows), fast_rows
     # the straggler stays in phase (every round made, on the others' hash: above) by cutting its steps at the
-    # round's stop time or abstaining from a round it cannot make (exchange.py): it cut some round short or sat
+    # round's cut time or abstaining from a round it cannot make (exchange.py): it cut some round short or sat
     # one out (running all its steps every round, it would hold the others up each round). (Its update is
     # weighted by the fewer tokens it carries; in how many rounds it counts is the simulator's to assert,
     # `gradnode simulate --virtual --faults slow:1x5` prints it)

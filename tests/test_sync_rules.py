@@ -80,7 +80,7 @@ def test_the_largest_group_of_offers_with_the_same_chunks_is_downloaded_first() 
 def test_a_peer_replays_only_missed_rounds_it_can_replay_more_cheaply(behind: int, window: int, replay: int,
                                                                      state: int) -> None:
     choice = sync.replay_or_download(behind=behind, window=window, replay_bytes=replay, state_bytes=state)
-    assert (choice == "replay") == (0 < behind <= window and replay < state)
+    assert (choice is sync.CatchUp.REPLAY) == (0 < behind <= window and replay < state)
 
 
 @given(st.integers(0, 50), st.lists(st.integers(0, 60), max_size=8))
@@ -97,13 +97,13 @@ def test_a_hash_off_the_majority_resyncs_unless_our_chain_wins() -> None:
     re-sync is on weights replaced since: nothing to repair."""
     assert sync.mismatch_counts(7, trusted_from=5) and not sync.mismatch_counts(4, trusted_from=5)
     assert not sync.mismatch_counts(None, trusted_from=0)
-    assert sync.after_hash_check(True, chain.Follow(), None) == "resync"
-    assert sync.after_hash_check(False, chain.Follow(), None) is None
+    assert sync.after_hash_check(True, chain.Follow(), None) is chain.Move.RESYNC
+    assert sync.after_hash_check(False, chain.Follow(), None) is chain.Move.STAY
     tails = {"me": [(6, "m")], "a": [(6, "m")], "b": [(6, "x")]}
     winning = chain.standing(tails, "me")
-    assert winning.on_winner and sync.after_hash_check(True, chain.Follow(), winning) is None
+    assert winning.on_winner and sync.after_hash_check(True, chain.Follow(), winning) is chain.Move.STAY
     losing = chain.standing({"me": [(6, "m")], "a": [(6, "x")], "b": [(6, "x")]}, "me")
-    assert not losing.on_winner and sync.after_hash_check(True, chain.Follow(), losing) == "resync"
+    assert not losing.on_winner and sync.after_hash_check(True, chain.Follow(), losing) is chain.Move.RESYNC
 
 
 def test_the_run_is_over_only_when_most_of_the_peers_ledger_says_so() -> None:

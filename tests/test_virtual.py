@@ -11,9 +11,9 @@ import pytest
 
 from gradnode.node.sim import virtual
 
-# CI's depth: the sweeps below run about 900 seeded scenarios in 63 CPU-seconds alone (issue 23: at least 500
+# CI's depth: the sweeps below run about 900 seeded scenarios in 63 CPU-seconds alone (the bar: at least 500
 # within 2 minutes). GRADNODE_SIM_DEPTH=K runs K times as many seeds of every sweep, for a deeper search
-# before a change to the round's rules (K=2 is the depth of stops 28-36: 1,848 scenarios, 131 CPU-seconds).
+# before a change to the round's rules (K=2: about 1,850 scenarios, 131 CPU-seconds).
 DEPTH = float(os.environ.get("GRADNODE_SIM_DEPTH", "1"))
 
 
@@ -73,11 +73,11 @@ def test_a_split_swarm_trains_on_and_merges_onto_one_hash_within_a_few_rounds_of
     its state (chain.Follow). With timely records, in every seed: one hash at the end, no stall, within 3
     rounds of the heal (5 for 3|5). A cut falling mid-round loses the records in flight, and two peers of one
     side can then apply different sets of that round (a violation, like a late record's): the hash check
-    repairs it. Measured over 60 seeds (stop 53): 2|2 and 2|2|1 within 2 rounds; 3|5 within 5 (1: 13 seeds, 2: 9,
-    3: 16, 4: 20, 5: 2; within 2 before stop 53). The 3|5 figure is the node's: a peer that sits a round out
-    observes it and applies it with the round before, then hands its chores over once (Peer._hand_off_chores),
-    so that round's look at the chains is lost, and the minority sits many rounds out after the heal (431
-    peer-rounds of rounds 12-20 in the 60 seeds); the simulator checked after every apply until stop 53."""
+    repairs it. Measured over 60 seeds: 2|2 and 2|2|1 within 2 rounds; 3|5 within 5 (1: 13 seeds, 2: 9, 3: 16,
+    4: 20, 5: 2). The 3|5 figure is the node's: a peer that sits a round out observes it and applies it with the
+    round before, then hands its chores over once (Peer._hand_off_chores), so that round's look at the chains is
+    lost, and the minority sits many rounds out after the heal (431 peer-rounds of rounds 12-20 in the 60 seeds).
+    A simulator that checked the hash after every apply, kinder than the node, merged 3|5 within 2 rounds."""
     peers, groups = SPLITS[split]
     bound = 5 if split == "3|5" else 3
     ks = []
@@ -101,10 +101,10 @@ def test_peers_past_a_round_hold_no_round_open_for_one_left_behind() -> None:
 
     def waited_out(blind: bool) -> list[int]:
         """The seeds in which a peer waited a round out; without the rule, the first such seed is enough (seed 55
-        first: since stop 53, with the node's look after a hash mismatch and its findings acted on at the next
-        hand-off, 6 of the first 120 seeds wait a round out without the rule, 55 among them). With the rule, seeds
-        93 and 123 too: at stop 53 they stalled on two hashes when a round's core, opened again after a re-sync,
-        lost its timer to the old one's (test_a_round_core_opened_again_keeps_a_timer_of_its_own)."""
+        first: with the node's look after a hash mismatch and its findings acted on at the next hand-off, 6 of the
+        first 120 seeds wait a round out without the rule, 55 among them). With the rule, seeds 93 and 123 too:
+        they stalled on two hashes when a round's core, opened again after a re-sync, lost its timer to the old
+        one's (test_a_round_core_opened_again_keeps_a_timer_of_its_own)."""
         view = virtual.Simulation._view
         if blind:
             def _view(self: virtual.Simulation, p: virtual.VPeer, r: int) -> core.View:
@@ -146,13 +146,13 @@ def test_a_round_core_opened_again_keeps_a_timer_of_its_own() -> None:
 @pytest.mark.parametrize("late_s", [2.0, 4.0, 10.0])
 def test_a_peer_that_starts_late_is_in_every_round_within_a_few(late_s: float, monkeypatch: pytest.MonkeyPatch) -> None:
     """A peer whose process starts 1, 2 or 5 rounds after the others begins at round 0 all the same (here without
-    the look for a newer state a starting node makes when a record in sight is ahead: only the stop time and
-    abstaining bring it into phase). Seen once in CI under a full suite's load (node/SWARM.md, "Not done yet"): a
+    the look for a newer state a starting node makes when a record in sight is ahead: only the cut time and
+    abstaining bring it into phase). Seen once in CI under a full suite's load (docs/notes/swarm.md, "Not done yet"): a
     peer 4 s late whose update missed every round of a short run. In the simulator it is in every set from round
-    6 on in every seed (measured at stop 53, 40 seeds: the first set it is in is round 1 at most for 2-3 s, 4 for
-    4-6 s, 6 for 10 s, and it misses none after), and the run ends on one hash. Without the stop time
-    (round.stop_at None for every peer: inner steps never cut short, and no round sat out for being late) a peer
-    4 s late misses a round after round 6 in some of the 20 seeds (3 at stop 53)."""
+    6 on in every seed (measured over 40 seeds: the first set it is in is round 1 at most for 2-3 s, 4 for
+    4-6 s, 6 for 10 s, and it misses none after), and the run ends on one hash. Without the cut time
+    (round.cut_at None for every peer: inner steps never cut short, and no round sat out for being late) a peer
+    4 s late misses a round after round 6 in some of the 20 seeds (3 when measured)."""
 
     def missing() -> list[int]:
         """The seeds in which the late peer's update is out of a set from round 6 on."""
@@ -169,8 +169,8 @@ def test_a_peer_that_starts_late_is_in_every_round_within_a_few(late_s: float, m
 
     assert missing() == []
     if late_s == 4.0:
-        monkeypatch.setattr(virtual.core, "stop_at", lambda *a, **k: None)
-        assert missing(), "without the stop time the late peer is in phase all the same: the test shows nothing"
+        monkeypatch.setattr(virtual.core, "cut_at", lambda *a, **k: None)
+        assert missing(), "without the cut time the late peer is in phase all the same: the test shows nothing"
 
 
 CHURN = {"kill and restart": "kill:2@r4,restart:2@r7", "stop": "stop:3@r5",
@@ -316,7 +316,7 @@ STRAGGLER_SEEDS = 20
 @pytest.mark.parametrize("factor", [5.0, 20.0])
 def test_a_straggler_cuts_its_steps_or_sits_rounds_out_and_holds_nobody_up(factor: float) -> None:
     """Peer 2 runs every inner step 5x (20x) slower than the others (`--faults slow:2x5`, the process test of
-    a straggler). It stops its steps at the round's stop time (round.stop_at) and, when even its fewest steps
+    a straggler). It cuts its steps short at the round's cut time (round.cut_at) and, when even its fewest steps
     would miss the deadline, sits the round out (round.too_late) and observes it. In every seed: safe, one
     hash, no round waited out, and every other peer's update in every round's set. At 5x it still makes most
     rounds with fewer steps (every round here); at 20x one step outlasts a round: it sits rounds out and its
@@ -338,12 +338,12 @@ def test_a_straggler_cuts_its_steps_or_sits_rounds_out_and_holds_nobody_up(facto
         assert sat_out > 0 and slow_in <= len(runs) * 20 // 20, (sat_out, slow_in)
 
 
-def test_without_the_stop_time_a_straggler_makes_few_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The stop time is what keeps a 5x straggler in the rounds: running all its steps, its update comes
-    after the others decided (most rounds); cut at the stop time, it makes them (the test above)."""
+def test_without_the_cut_time_a_straggler_makes_few_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cut time is what keeps a 5x straggler in the rounds: running all its steps, its update comes
+    after the others decided (most rounds); its steps cut at the cut time, it makes them (the test above)."""
     from gradnode.protocol import round as core
 
-    monkeypatch.setattr(core, "stop_at", lambda *a, **k: None)
+    monkeypatch.setattr(core, "cut_at", lambda *a, **k: None)
     slow_in = sum(virtual.run(virtual.Scenario(peers=8, rounds=20, seed=seed, late_p=0.0, slow=((2, 5.0),)))
                   ["contributed"]["p0002"] // 8 for seed in range(10))
     assert slow_in < 10 * 20 // 2, slow_in
@@ -354,7 +354,7 @@ def test_clocks_a_few_seconds_apart_keep_every_round_safe(drift: float) -> None:
     """Every peer's wall clock off by up to 1 s (5 s): announcements' ages and records' expiry are read on
     the reader's clock from the writer's stamps, as the DHT does. With timely records, in every seed: safe,
     one hash, no round waited out. (At 20 s apart the deadlines differ enough between peers to split rounds,
-    and a peer whose clock runs a record ttl ahead sees every record expired: node/SWARM.md, "Not done".)"""
+    and a peer whose clock runs a record ttl ahead sees every record expired: docs/notes/swarm.md, "Not done".)"""
     for seed in seeds(STRAGGLER_SEEDS):
         out = virtual.run(virtual.Scenario(peers=8, rounds=20, seed=seed, late_p=0.0, drift_s=drift))
         assert out["violations"] == [] and out["final_hashes"] == 1 and out["waited_out"] == 0, f"seed={seed}: {out}"
@@ -365,16 +365,15 @@ def test_swizzle_clogging_ends_on_one_hash_within_a_few_rounds_of_the_last_unclo
     2 s (what they carry waits), then unclog one every 2 s in another order. Peers then see different records:
     rounds split (the known weakness of today's rule, as with late records) and the hash check re-syncs the
     minority. In every seed: no stall, no round waited out, one hash at the end, and the last re-sync within
-    4 rounds of the last unclog. Measured over 200 seeds (stop 53): 4 in seed 30, 2 in 5, 1 in 13, 0 in the rest.
-    At stop 52 the worst was 5 (seeds 5 and 143), when the simulator's look after a hash mismatch took a state of any
-    round, often the one a round before the newest (records lag), and the round after it then had to come over
-    links still clogged; the node's look takes a state of its own round on (Sync.level), and so does the
-    simulator's now: it waits for that state (2,206 looks found none at first in the 200 seeds, 89 before), and
-    the runs take 117 virtual seconds on average against 97 (the hash check's findings now also wait for the
-    next hand-off, as the node's). 9 when a peer that
-    found no state offer stalled for max_wait_s instead of reading the offers again, as the node does, and 6 in
-    seed 14 when a hash mismatch's look kept the winners of its start, who had moved on, instead of reading the
-    winning chain afresh at each read."""
+    4 rounds of the last unclog. Measured over 200 seeds: 4 in seed 30, 2 in 5, 1 in 13, 0 in the rest. The worst
+    was 5 (seeds 5 and 143) when the simulator's look after a hash mismatch took a state of any round, often the
+    one a round before the newest (records lag), and the round after it then had to come over links still
+    clogged; the node's look takes a state of its own round on (Sync.level), and so does the simulator's: it
+    waits for that state (2,206 looks found none at first in the 200 seeds, 89 with a state of any round), and
+    the runs take 117 virtual seconds on average against 97 (the hash check's findings also wait for the next
+    hand-off, as the node's). The worst was 9 when a peer that found no state offer stalled for max_wait_s
+    instead of reading the offers again, as the node does, and 6 in seed 14 when a hash mismatch's look kept
+    the winners of its start, who had moved on, instead of reading the winning chain afresh at each read."""
     splits = 0
     for seed in seeds(15):
         out = virtual.run(virtual.Scenario(peers=8, rounds=30, seed=seed, late_p=0.0, record_ttl_s=9.0, swizzle_at=3))
@@ -484,9 +483,9 @@ def test_a_state_claimed_ahead_of_the_chain_is_taken_by_no_joiner(liars: str, ah
 
 
 def test_claims_of_round_time_move_no_pace_but_the_last_rounds_senders(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every member record claims its writer's round time, and a peer paces a round (its deadline window, its stop
+    """Every member record claims its writer's round time, and a peer paces a round (its deadline window, its cut
     time) on the lower median of the claims in its sight of the last round's senders (round.pace, as
-    Clock.round_seconds). With a 3x straggler, whose steps the stop time cuts: 16 sybil keys claiming an hour a
+    Clock.round_seconds). With a 3x straggler, whose steps the cut time cuts: 16 sybil keys claiming an hour a
     round or a hundredth of a second (never senders), or two of eight contributors claiming an hour ('stretch'),
     change nothing: the same virtual time, no round waited out, the same steps cut short. Counting every record
     in sight (``pace='everyone'``), the hour holds every round open until max_wait_s and the hundredth cuts
@@ -521,7 +520,7 @@ def test_claims_of_round_time_move_no_pace_but_the_last_rounds_senders(monkeypat
 def test_links_of_unequal_speed_that_lose_transfers_keep_every_round_safe(update_bytes: int) -> None:
     """Each peer's link up to 10x slower and 10x farther than the fastest, 5% of transfers lost and retried a
     second later. Safe in every seed, no stall, no round waited out, one hash. (With updates of 2 MB the
-    slowest link's update misses every round's deadline: its peer contributes nothing, node/SWARM.md.)"""
+    slowest link's update misses every round's deadline: its peer contributes nothing, docs/notes/swarm.md.)"""
     for seed in seeds(10):
         out = virtual.run(virtual.Scenario(peers=8, rounds=20, seed=seed, late_p=0.0, link_spread=10.0, loss_p=0.05,
                                            update_bytes=update_bytes))
@@ -592,10 +591,11 @@ def test_a_peer_off_the_majority_looks_for_the_chain_the_others_follow_not_its_o
 
 def test_a_donor_is_known_by_its_record_only_and_one_out_of_reach_costs_a_timeout() -> None:
     """A peer looking for a state knows a donor by its member record only, not whether its process runs or its link
-    carries (until stop 43 the simulator left dead and cut-off donors out, and a peer took an older state from a
-    live one at once). The node asks the newest round's donors (statesync.fetch): a chunk asked of one out of reach
-    goes to the next a stream's open timeout later (transport._OPEN_S), and with none in reach the download
-    retries them until it gives up (max(10 s, half the look)); an older round's offer is not taken instead."""
+    carries (a simulator that left dead and cut-off donors out let a peer take an older state from a live one at
+    once: kinder than the node). The node asks the newest round's donors (statesync.fetch): a chunk asked of one
+    out of reach goes to the next a stream's open timeout later (transport._OPEN_S), and with none in reach the
+    download retries them until it gives up (max(10 s, half the look)); an older round's offer is not taken
+    instead."""
     from gradnode.protocol.reputation import Reputation
 
     old, new = ((0, "b0"),), ((0, "b0"), (1, "b1"))
@@ -637,7 +637,7 @@ def test_a_donor_is_known_by_its_record_only_and_one_out_of_reach_costs_a_timeou
 
 
 def test_the_simulators_hash_check_is_the_nodes_allies_count_and_a_mismatch_takes_its_own_rounds_state() -> None:
-    """The simulator's hash check reads what the node's does (stop 53; before, its figures were kinder):
+    """The simulator's hash check reads what the node's does (one that read less gave kinder figures):
     - a report of round r by a peer that moved to our chain since, holding our state of r, counts for our hash
       (chores.off_majority: the 'f' pair's report would win a 2-2 tie by the lowest id, but p0001 follows our
       'a' chain now);
@@ -655,11 +655,12 @@ def test_the_simulators_hash_check_is_the_nodes_allies_count_and_a_mismatch_take
         me.records[q] = (0.0, tail, None, 2.0)
         me.weights[11][q] = reported
     me.weights[11]["p0003"] = "a11"
-    off, best, _, _ = sim._read_check(me, 11, lingering=False)
-    assert not off and best == "a11"
+    got = sim._read_check(me, 11, lingering=False)
+    assert not got.off and got.majority == "a11"
     me.records["p0001"] = (0.0, f, None, 2.0)  # still on the 'f' chain: its report counts as it stands, and wins
     me.held += 1  # a record changed (what p's sight is kept by)
-    assert sim._read_check(me, 11, lingering=False)[:2] == (True, "f11")
+    got = sim._read_check(me, 11, lingering=False)
+    assert got.off and got.majority == "f11"
 
     # the look after a mismatch: p0000 applied round 1 on a chain of its own; only round 0's state is offered
     sim = virtual.Simulation(virtual.Scenario(peers=4, rounds=30, seed=0))
@@ -682,11 +683,12 @@ def test_the_simulators_hash_check_is_the_nodes_allies_count_and_a_mismatch_take
     assert settled == [] and p.chores is not None and p.chores[1] == 4
     sim._check(p, 5)
     assert settled == [4] and p.chores[1] == 5
-    sim._read_check = lambda p_, r, lingering: (True, "x", chain_standing, False)  # type: ignore[method-assign]
-    p.chores = (p.gen, 5, (True, "x", chain_standing, False))
+    findings = virtual.Findings(off=True, majority="x", standing=chain_standing, elsewhere=False)
+    sim._read_check = lambda p_, r, lingering: findings  # type: ignore[method-assign]
+    p.chores = (p.gen, 5, findings)
     p.gen += 1  # a re-sync since round 5's findings were read: its mismatch is moot, its look at the chains is not
     offs: list[bool] = []
-    sim._settle_check = lambda p_, r, found, last, lingering: offs.append(found[0])  # type: ignore[method-assign]
+    sim._settle_check = lambda p_, r, found, last, lingering: offs.append(found.off)  # type: ignore[method-assign]
     sim._check(p, 6)
     assert offs == [False] and p.chores[1] == 6
     p.busy_until = sim.now + 30.0  # a look for a state that found none holds the main loop: read after it
@@ -701,10 +703,10 @@ def test_the_simulators_hash_check_is_the_nodes_allies_count_and_a_mismatch_take
 
 def test_asking_the_witnesses_waits_for_those_out_of_reach_and_a_liar_serves_its_lie() -> None:
     """A peer that asks the missing witnesses for their reports (AskWitnesses, Agreement.ask: a stream each) hears
-    the ones in reach, a liar telling it what its policy tells it over the DHT (until stop 43 the simulator served
-    the liar's honest report), and goes on when every stream has ended: the transport asks again a witness that
-    served nothing (dead, cut off, a key with no process behind it, or holding no report yet) until the ask's
-    deadline."""
+    the ones in reach, a liar telling it what its policy tells it over the DHT (a simulator that served the
+    liar's honest report instead hid the lie), and goes on when every stream has ended: the transport asks again
+    a witness that served nothing (dead, cut off, a key with no process behind it, or holding no report yet)
+    until the ask's deadline."""
     sim = virtual.Simulation(virtual.Scenario(peers=4, rounds=4, seed=0))
     p, q = sim.peers["p0000"], sim.peers["p0001"]
     c = virtual.core.RoundCore(sim.sc.params, 0, p.id, frozenset(), True, "genesis", 2.0, 0.0)

@@ -107,7 +107,8 @@ def test_the_cli_forked_answers_as_the_command_does(tmp_path: Path) -> None:
 def test_a_child_killed_holding_a_hivemind_lock_holds_up_no_other(tmp_path: Path) -> None:
     """hivemind makes its cross-process locks at import. Forked from one zygote, every process of a swarm shared
     them, and a process killed -9 while holding the one every DHT result passes through left all the others'
-    DHTs blocked for good (the kill/restart test's stalls at stops 34 and 36). Each child makes its own."""
+    DHTs blocked for good (the kill/restart process test hung so, twice, before each child made its own). Each
+    child makes its own."""
     z = _zygote(tmp_path)
     try:
         assert z.start(), (tmp_path / "zygote.log").read_text()

@@ -53,12 +53,12 @@ class BenchSettings:
     seed: int = 0
     eval_every: int = 3
     eval_batches: int = 16
-    inner_lr: float = 1.5e-3  # measured best for all three algorithms of 1e-3, 1.5e-3, 2e-3, 3e-3, 6e-3 (QUALITY.md)
-    diloco_lr: float = 0.5  # measured best of 0.2, 0.3, 0.5, 0.7 at inner lr 1.5e-3 (see node/QUALITY.md)
+    inner_lr: float = 1.5e-3  # measured best for all three algorithms of 1e-3, 1.5e-3, 2e-3, 3e-3, 6e-3 (docs/notes/quality.md)
+    diloco_lr: float = 0.5  # measured best of 0.2, 0.3, 0.5, 0.7 at inner lr 1.5e-3 (see docs/notes/quality.md)
     diloco_momentum: float = 0.9
     sparseloco_lr: float = 1.0
     ef_beta: float = 0.9  # SparseLoCo's error-feedback decay: measured 0.8 ~ 0.9 < 0.95
-    aggregation: str = "coord_mean"  # measured: beats "mean" (see node/QUALITY.md)
+    aggregation: str = "coord_mean"  # measured: beats "mean" (see docs/notes/quality.md)
     clip_to_median: bool = True
     device: str | None = None
     overrides: dict[str, Any] = field(default_factory=dict)  # dotted config keys applied to every algorithm

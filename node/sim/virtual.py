@@ -6,9 +6,9 @@ What is modelled, and how:
   straggler's factor), then announces its update (a digest) and starts the next round's compute at once;
   the announced round's exchange runs meanwhile, and just before the next announcement the peer counts the
   round's reports again (``RoundCore.settle``) and applies it. This is the node's pipeline
-  (node/swarm/peer.py). While it computes, the peer reads the announcements every ``POLL_S`` and stops its
-  steps at the round's stop time (``round.stop_at``, as node/swarm/clock.py: a slow peer runs fewer steps);
-  a peer whose stop time for a round is nearer than its fewest steps abstains from it (``round.too_late``:
+  (node/swarm/peer.py). While it computes, the peer reads the announcements every ``POLL_S`` and cuts its
+  steps short at the round's cut time (``round.cut_at``, as node/swarm/clock.py: a slow peer runs fewer steps);
+  a peer whose cut time for a round is nearer than its fewest steps abstains from it (``round.too_late``:
   an abstaining report at once, its compute for the next round, and the round it sat out observed and
   applied as the others decided it).
 - The DHT and the streams are one delay per delivery: every record a peer writes reaches each other peer
@@ -26,7 +26,7 @@ What is modelled, and how:
   rounds ahead) is the records it saw within ``record_ttl_s``, re-read at least every heartbeat while a
   round waits, as the node polls. A record also claims its writer's round time (its last round's seconds a
   step times ``inner_steps``, as the node's member record): a peer paces a round (its deadline window, its
-  stop time) on the lower median of the claims in its sight of the last round's senders, its own time before
+  cut time) on the lower median of the claims in its sight of the last round's senders, its own time before
   it applied one (``round.pace``, as Clock.round_seconds), read when it sets out to compute the round and when
   its core opens. Nobody is handed the swarm's true pace.
 - A partition (``Scenario.partition``) cuts every delivery between its groups from the first announcement
@@ -120,9 +120,6 @@ CONTENT_LIES = ("signflip", "noise", "freerider")  # honest witnesses whose upda
 CLAIM_LIES = ("stretch", "futurestate")
 LIAR_KINDS = WITNESS_LIES + CONTENT_LIES + CLAIM_LIES  # the adversaries modelled
 PACE_LIE_S = 3600.0  # the round time a 'stretch' liar's records claim
-# what a hash check read of a round: off the reports' majority, the majority's hash, the standing by the chain
-# rule, and whether more than half of all tails list the majority's state (Simulation._read_check)
-Findings = tuple[bool, str | None, chain.Standing, bool]
 FUTURE_ROUNDS = 10**6  # how far past its newest round a 'futurestate' liar's records claim a state (adversary.py)
 DIM = 64  # an update's content: a vector this long (the robust rule judges it as the node judges tensors)
 NOISE = 1.0  # an honest update: the round's true direction (unit) plus noise of this norm (cosines ~0.5)
@@ -130,7 +127,7 @@ DRIFT = 0.8  # the cosine of one round's true direction to the last's (the loss 
 LIFE_ACTIONS = ("kill", "stop", "restart", "join")
 RETRY_S = 1.0  # a lost transfer is noticed and retried this much later (the transport's timeout and retry)
 POLLS_PER_S = 1 / core.POLL_S  # a peer's polls of the DHT a second (it reads what reached it at each, _read_mail)
-POLL_S = 0.5  # how often a computing peer reads the announcements for its stop time (clock.RoundClock.POLL_S)
+POLL_S = 0.5  # how often a computing peer reads the announcements for its cut time (clock.RoundClock.POLL_S)
 
 
 @dataclass(frozen=True)
@@ -162,15 +159,15 @@ class Scenario:
     heal_at: int = -1
     record_ttl_s: float = 30.0  # a member record unseen this long is gone (swarm.record_ttl_s)
     slow: tuple[tuple[int, float], ...] = ()  # (peer index, factor): stragglers, every step that much slower
-    inner_steps: int = 8  # a round's inner steps (inner.steps), cut short at the round's stop time
-    min_steps: int = 1  # the fewest steps a peer runs before it may stop (swarm.min_steps)
+    inner_steps: int = 8  # a round's inner steps (inner.steps), cut short at the round's cut time
+    min_steps: int = 1  # the fewest steps a peer runs before its steps may be cut (swarm.min_steps)
     # clock drift: each peer's wall clock is off by U(-drift_s, drift_s) (or ``clock_off``: (peer, seconds)).
     # The DHT's times are wall-clock times: an announcement's age is the reader's clock minus the time the
     # announcer stamped (clamped to 0..600 s, as clock.Deadline), and a record expires on the writer's clock
     drift_s: float = 0.0
     clock_off: tuple[tuple[int, float], ...] = ()
     # (peer index, seconds): a peer whose process starts that late into the run, its first record and its round 0
-    # then (no look for a newer state: only the stop time and abstaining bring it into the others' phase)
+    # then (no look for a newer state: only the cut time and abstaining bring it into the others' phase)
     starts: tuple[tuple[int, float], ...] = ()
     # swizzle-clogging (FoundationDB's): from the first announcement of round ``swizzle_at``, a random half of
     # the links between peers clog one by one every ``swizzle_s`` seconds, then unclog one by one in another
@@ -195,7 +192,7 @@ class Scenario:
     pace: str = "contributors"
     # a round's eligible witnesses: 'live' (the live trainers when deciding starts) or 'ledger' (the node's
     # eligible_witnesses: contributors of the last 8 rounds). The tests run 'live'; under 'ledger' splits and
-    # swizzles converge later and a 20x straggler re-syncs now and then with timely records (node/SWARM.md,
+    # swizzles converge later and a 20x straggler re-syncs now and then with timely records (docs/notes/swarm.md,
     # "Not done": not understood yet)
     eligible: str = "live"
     # churn, fired at the first announcement of a round: ('kill' | 'stop' | 'restart' | 'join', peer, round).
@@ -253,6 +250,15 @@ class _Offer(NamedTuple):
     round: int
     param_hash: str
     state: Any
+
+
+class Findings(NamedTuple):
+    """What a hash check read of a round (Simulation._read_check), as the node's chores read it."""
+
+    off: bool  # this peer's hash is off the reports' majority
+    majority: str | None  # the majority's hash (None: no vote to count)
+    standing: chain.Standing  # where this peer stands by the chain rule
+    elsewhere: bool  # more than half of all tails list the majority's state (chain.adoptable)
 
 
 @dataclass
@@ -362,7 +368,7 @@ class Simulation:
         self.fakes: set[chain.Link] = set()  # the states liars made up
         self.far_states = 0  # states adopted that claim a round past the run's end (a 'futurestate' liar's)
         self.abstained = 0  # honest peer-rounds sat out (too slow for the round's deadline)
-        self.cut_short = 0  # honest peer-rounds computed with fewer steps than inner_steps (the stop time)
+        self.cut_short = 0  # honest peer-rounds computed with fewer steps than inner_steps (the cut time)
         self.content: dict[str, tuple[tuple[float, ...], int]] = {}  # an update's digest -> its vector and tokens
         # (chain, set) -> the senders counted, the reputation table after, each sender's screen reason
         self._judged: dict[tuple[str, bytes], tuple[frozenset[str], Reputation, dict[str, str]]] = {}
@@ -657,13 +663,13 @@ class Simulation:
             on_chain = own >= 0 and hashes.get(own) == p.hashes.get(own)
             how = sync_rules.replay_or_download(behind=start - (own + 1), window=self.sc.catchup_rounds,
                                                 replay_bytes=missed, state_bytes=self.sc.state_bytes) \
-                if on_chain else "download"
+                if on_chain else sync_rules.CatchUp.DOWNLOAD
             p.hashes, p.applied, p.ledger, p.senders = dict(hashes), dict(applied), dict(ledger), frozenset()
             self._revote(p)
             p.busy_until = self.now + _download_s(dead, JOIN_LOOK_S) + \
-                self._transfer_s(None, p.id, missed if how == "replay" else self.sc.state_bytes)
-            self.downloads += how == "download"
-            self.catchups += how == "replay"
+                self._transfer_s(None, p.id, missed if how is sync_rules.CatchUp.REPLAY else self.sc.state_bytes)
+            self.downloads += how is sync_rules.CatchUp.DOWNLOAD
+            self.catchups += how is sync_rules.CatchUp.REPLAY
             self.far_states += start > self.sc.rounds and not p.lie  # past the run's end: only a liar offers one
         self._publish_record(p)
         self._compute(p, start)
@@ -742,10 +748,10 @@ class Simulation:
             self.at(max(self.now, p.busy_until), lambda gen=p.gen: self._computed(p, r, gen, 0))
             return
         # the node's loop asks first whether the round is already too late for its fewest steps (not the last); the
-        # pace its records say now (clock.StopTime reads it when made: here and when the compute starts)
+        # pace its records say now (clock.CutTime reads it when made: here and when the compute starts)
         pace = self._pace(p)
         if may_abstain and r + 1 < self.sc.rounds and r not in p.applied and r not in p.reported and \
-                core.too_late(self.now, p.step_s, self.sc.min_steps, self._stop_at(p, r, False, pace)):
+                core.too_late(self.now, p.step_s, self.sc.min_steps, self._cut_at(p, r, False, pace)):
             self._abstain(p, r)
             self._compute(p, r + 1, may_abstain=False)
             return
@@ -754,23 +760,23 @@ class Simulation:
         self.at(t0, self._poll, p, r, t0, step_s, p.gen, pace)
 
     def _poll(self, p: VPeer, r: int, t0: float, step_s: float, gen: int, pace: float) -> None:
-        """A computing peer reads its round's stop time (clock.RoundClock's watcher) and, with it, when its
-        steps end: after the first step past ``min_steps`` whose successor would end after the stop time."""
+        """A computing peer reads its round's cut time (clock.RoundClock's watcher) and, with it, when its
+        steps end: after the first step past ``min_steps`` whose successor would end after the cut time."""
         if gen != p.gen:
             return
-        stop = self._stop_at(p, r, True, pace)
+        cut = self._cut_at(p, r, True, pace)
         boundary = math.ceil((self.now - t0) / step_s - 1e-9)  # the next step boundary, where it asks again
-        steps = self.sc.inner_steps if stop is None else \
-            min(self.sc.inner_steps, max(self.sc.min_steps, boundary, math.floor((stop - t0) / step_s)))
+        steps = self.sc.inner_steps if cut is None else \
+            min(self.sc.inner_steps, max(self.sc.min_steps, boundary, math.floor((cut - t0) / step_s)))
         end = t0 + steps * step_s
         if end <= self.now + POLL_S:
             self.at(end, self._computed, p, r, gen, steps, step_s)
         else:
             self.at(self.now + POLL_S, self._poll, p, r, t0, step_s, gen, pace)
 
-    def _stop_at(self, p: VPeer, r: int, predict: bool, pace: float) -> float | None:
-        """Round r's stop time from what p saw: the first sightings of its announcements and the trainers
-        keeping up, at the round time ``pace`` (clock.StopTime; with ``predict``, from round r - 1's deadline
+    def _cut_at(self, p: VPeer, r: int, predict: bool, pace: float) -> float | None:
+        """Round r's cut time from what p saw: the first sightings of its announcements and the trainers
+        keeping up, at the round time ``pace`` (clock.CutTime; with ``predict``, from round r - 1's deadline
         before r's is known)."""
 
         def seen(k: int) -> tuple[dict[str, float], int]:
@@ -780,7 +786,7 @@ class Simulation:
 
         window = core.window_s(self.sc.params, pace)
         previous = seen(r - 1) if predict and r > 0 else None
-        return core.stop_at(*seen(r), window, pace, previous)
+        return core.cut_at(*seen(r), window, pace, previous)
 
     def _abstain(self, p: VPeer, r: int) -> None:
         """p sits round r out: it says so at once (nobody waits for its report) and observes the round later."""
@@ -814,7 +820,7 @@ class Simulation:
             c = p.cores.get(q)
             if c is None and q in p.abstained and (q - 1) in p.hashes:
                 c = self._open(p, q, sender=False)
-            if c is not None and c.phase == "decided":
+            if c is not None and c.phase is core.Phase.DECIDED:
                 self._apply(p, q)
                 if p.gen != gen:  # the hash check after it re-synced p: the pipeline starts again from there
                     return
@@ -898,7 +904,7 @@ class Simulation:
         """Round r's core on p, on the hash p applied for r - 1: with its own update (``sender``) or as an
         observer of a round it sat out; what the records hold for r is read into it."""
         # the node's rule ('ledger'): the contributors of the last WITNESS_WINDOW rounds; 'live': the live
-        # trainers when deciding starts (node/SWARM.md, "Not done": the two differ in the simulator's results)
+        # trainers when deciding starts (docs/notes/swarm.md, "Not done": the two differ in the simulator's results)
         eligible = frozenset(eligible_witnesses(p.ledger, r)) if self.sc.eligible == "ledger" else frozenset()
         c = core.RoundCore(self.sc.params, r, p.id, eligible, sender, p.hashes[r - 1], self._pace(p), self.now,
                            witnessed=self._witnessed)
@@ -980,7 +986,7 @@ class Simulation:
             elif isinstance(a, core.Decided):
                 if a.fps is None:
                     self.undecided += 1
-                if a.how == "max wait" and not p.lie:
+                if a.how is core.HowDecided.MAX_WAIT and not p.lie:
                     self.waited_out += 1
                 if p.waiting == c.round_ and c.round_ not in p.applied:
                     self._apply(p, c.round_)
@@ -989,7 +995,7 @@ class Simulation:
     def _publish(self, p: VPeer, c: core.RoundCore, pairs: tuple[tuple[str, str], ...]) -> None:
         """Its report reaches every other peer; a liar's policy rewrites what each one gets."""
         honest, lie = pack(pairs), pack(x for x in pairs if x[0] == p.id)  # once: a report is N fingerprints
-        told = {fps: core.Report(p.id, c.seed, fps, digest=fps) for fps in (honest, lie)}
+        told = {fps: core.Report(p.id, c.base, fps, digest=fps) for fps in (honest, lie)}
 
         def report(to: VPeer) -> core.Report:
             lied = p.lie == "censor" or p.lie == "equivocate" and _half(to.id, c.round_)
@@ -1003,22 +1009,22 @@ class Simulation:
     def _tick(self, p: VPeer, c: core.RoundCore, key: tuple[str, int, int], t: float) -> None:
         if self._wakes.get(key) == t:
             del self._wakes[key]
-        if c.phase != "decided" and p.alive and p.cores.get(c.round_) is c:
+        if c.phase is not core.Phase.DECIDED and p.alive and p.cores.get(c.round_) is c:
             self._act(p, c, c.step(core.Members(self.now, self._view(p, c.round_))))
 
     def _answer(self, p: VPeer, c: core.RoundCore, witnesses: tuple[str, ...], deadline: float) -> None:
         """The witnesses p asked serve their reports of the round (Agreement.ask: a stream to each), a liar the one
         its policy tells p. The ask ends when every stream has: the node's transport asks again a witness that
         served nothing (no report yet, its process dead, its link cut, a sybil key with no process) until the ask's
-        deadline, so an ask that did not hear from every witness ends at its deadline; until stop 43 p heard from
-        the live ones and went on at once."""
+        deadline, so an ask that did not hear from every witness ends at its deadline, not once the live ones
+        answered (kinder than the node; tests/test_virtual.py, asking the witnesses)."""
         r, got = c.round_, []
         for w in witnesses:
             q = self.peers.get(w)
             if q is None or not q.alive or not self._linked(p, q):
                 continue
             held = q.cores.get(r)
-            if held is not None and held.seed == c.seed and q.id in held.reports:
+            if held is not None and held.base == c.base and q.id in held.reports:
                 got.append(q.told[r](p) if q.lie and r in q.told else held.reports[q.id])
         end = self.now if len(got) == len(witnesses) else deadline
         if end > self.now:
@@ -1027,7 +1033,7 @@ class Simulation:
             self._asked(p, c, got)
 
     def _asked(self, p: VPeer, c: core.RoundCore, got: list[core.Report]) -> None:
-        if c.phase == "deciding" and p.alive and p.cores.get(c.round_) is c:
+        if c.phase is core.Phase.DECIDING and p.alive and p.cores.get(c.round_) is c:
             self._act(p, c, c.asked(self.now, got))
 
     def _apply(self, p: VPeer, r: int) -> None:
@@ -1040,21 +1046,21 @@ class Simulation:
         p.applied[r] = fps
         # the senders of the set, as the node knows them from the round's signed announcements (it fetches
         # what it applies: an update it never verified is in its ledger all the same)
-        pairs = self._resolve(r, c.seed, fps)
+        pairs = self._resolve(r, c.base, fps)
         p.sets[r] = frozenset(s for s, _ in pairs)
         p.senders = p.sets[r]
         self._note_workers(p, c, r)
-        p.counted[r] = self._aggregate(p, r, c.seed, fps, pairs)
+        p.counted[r] = self._aggregate(p, r, c.base, fps, pairs)
         # contributors: the senders whose updates counted (the robust rule gives a screened-out one weight 0)
         p.ledger = {q: k for q, k in {**p.ledger, **dict.fromkeys(p.counted[r], r)}.items() if k > r - CONTRIBUTOR_ROUNDS}
         p.hashes[r] = hashlib.sha256(p.hashes[r - 1].encode() + fps).hexdigest()[:16]
         self._revote(p)
         # one chain per side while the network is split: both sides train on, by design (the heal merges them
         # onto the chain rule's winner); what must never differ is the set two peers of one side apply
-        key = (r, c.seed, self.group[p.id] if self.group is not None else -1)
+        key = (r, c.base, self.group[p.id] if self.group is not None else -1)
         first = self.decided.setdefault(key, fps) if not p.lie else fps  # a liar's own decisions prove nothing
         if first != fps:
-            self.violations.append({"round": r, "peer": p.id, "chain": c.seed,
+            self.violations.append({"round": r, "peer": p.id, "chain": c.base,
                                     "updates": [len(first) // 16, len(fps) // 16]})
             self.per_round[r]["violations"] += 1
             self.last_violation = max(self.last_violation, r)
@@ -1064,13 +1070,13 @@ class Simulation:
         if r + 1 not in p.abstained:  # a round sat out is observed next: the node hands off once after both
             self._check(p, r - 1)
 
-    def _resolve(self, r: int, seed: str, fps: bytes) -> list[tuple[str, str]]:
-        """The (sender, digest) pairs a set of round r on the chain ``seed`` lists (records.resolve against every
+    def _resolve(self, r: int, base: str, fps: bytes) -> list[tuple[str, str]]:
+        """The (sender, digest) pairs a set of round r on the chain ``base`` lists (records.resolve against every
         peer's update of it): once per set, as every peer on the chain applies the same one."""
-        key = (r, seed, fps)
+        key = (r, base, fps)
         got = self._resolved.get(key)
         if got is None:
-            got = self._resolved[key] = resolve(fps, ((q, _digest(q, r, seed)) for q in self.peers))[0]
+            got = self._resolved[key] = resolve(fps, ((q, _digest(q, r, base)) for q in self.peers))[0]
         return got
 
     def _content(self, p: VPeer, r: int) -> tuple[tuple[float, ...], int]:
@@ -1093,8 +1099,8 @@ class Simulation:
         elif lie == "freerider" and r - 1 in p.applied and r - 2 in p.hashes:
             # the update of the lowest id that the chain it holds applied in round r - 1 (its own in round 0,
             # with nothing to copy yet)
-            seed = p.hashes[r - 2]
-            pairs = self._resolve(r - 1, seed, p.applied[r - 1])
+            base = p.hashes[r - 2]
+            pairs = self._resolve(r - 1, base, p.applied[r - 1])
             copy = next((self.content[d] for q, d in sorted(pairs) if q != p.id and d in self.content), None)
             if copy is not None:
                 return copy[0], steps
@@ -1110,7 +1116,7 @@ class Simulation:
             self._truth.append(_unit([DRIFT * a + math.sqrt(1 - DRIFT * DRIFT) * b for a, b in zip(last, fresh)]))
         return self._truth[r]
 
-    def _aggregate(self, p: VPeer, r: int, seed: str, fps: bytes, pairs: list[tuple[str, str]]) -> frozenset[str]:
+    def _aggregate(self, p: VPeer, r: int, base: str, fps: bytes, pairs: list[tuple[str, str]]) -> frozenset[str]:
         """The senders whose updates the aggregate of p's set for round r (``pairs``: its (sender, digest)s, as
         resolved) counts: every one under 'mean'; under 'robust', those protocol/screening.py's screens give a
         weight (the reputation table, shared state, moves with the set). Judged once per chain and set: every
@@ -1119,7 +1125,7 @@ class Simulation:
         if self.sc.aggregation == "mean" or not senders:  # an empty set moves nothing, the table included
             p.reasons[r] = {}
             return senders
-        key = (seed, fps)
+        key = (base, fps)
         if key not in self._judged:
             screens = self._screens(p, r, pairs)
             counted = frozenset(s.sender for s in screens if s.weight > 0)
@@ -1160,7 +1166,7 @@ class Simulation:
         if self.sc.aggregation == "mean":
             kept = frozenset(extra)
         else:
-            key = (c.seed, pool)
+            key = (c.base, pool)
             if key not in self._kept:
                 self._kept[key] = frozenset(s.sender for s in self._screens(p, r, pool) if s.weight > 0)
             kept = self._kept[key]
@@ -1183,7 +1189,7 @@ class Simulation:
         if pending is not None:
             pgen, pr, found = pending
             if pgen != gen:  # a re-sync since: the mismatch is moot (mismatch_counts), the look at the chains is not
-                found = (False, None, found[2], False)
+                found = found._replace(off=False, majority=None, elsewhere=False)
             self._settle_check(p, pr, found, last=False, lingering=False)
         if p.gen != gen:  # it re-synced now: the round just checked is on weights replaced since
             return
@@ -1218,19 +1224,20 @@ class Simulation:
         if lingering and st.tie:  # a tie is no majority that settled elsewhere (Peer._linger)
             st = replace(st, on_winner=True)
         elsewhere = off and not st.decided and (r, best) in (chain.adoptable(self._tails(p, with_me=False)) or ())
-        return off, best, st, elsewhere
+        return Findings(off, best, st, elsewhere)
 
     def _settle_check(self, p: VPeer, r: int, found: Findings, last: bool, lingering: bool) -> None:
-        off, _, st, elsewhere = found
+        st = found.standing
         if last:  # nobody publishes a newer tail after the end: the reports alone, unless the chains contradict them
-            act = "resync" if off and (not st.on_winner or st.groups < 2) else None
+            move = chain.Move.RESYNC if found.off and (not st.on_winner or st.groups < 2) else chain.Move.STAY
         else:  # with no verdict, a majority whose state most tails list (the node's Peer._settle_chores)
-            act = p.follow.step(st, off, elsewhere)
-        if act == "look again":  # the node reads the records afresh (Peer._follow_winning_chain)
-            fresh = chain.standing(self._tails(p), p.id)
-            act, st = ("fork" if chain.Follow.confirm(fresh) else None), fresh
-        if act is not None:
-            self._resync(p, r, st.winners, fork=act == "fork")
+            move = p.follow.step(st, found.off, found.elsewhere)
+        fork = False
+        if move is chain.Move.LOOK_AGAIN:  # the node reads the records afresh (Peer._follow_winning_chain)
+            st = chain.standing(self._tails(p), p.id)
+            fork = chain.Follow.confirm(st)
+        if move is chain.Move.RESYNC or fork:
+            self._resync(p, r, st.winners, fork=fork)
 
     def _newest_offer(self, p: VPeer, links: set[chain.Link] | None, after: int = -2) -> tuple[Any, int]:
         """The newest state offered in p's sight past round ``after`` that the node's rule trusts (protocol/sync.py
@@ -1394,6 +1401,11 @@ def parse_faults(spec: str | None, peers: int) -> dict[str, Any]:
     from gradnode.node.sim import faults
 
     items = [x.strip() for x in re.split(r",(?![0-9]+(?:[,|][0-9]+)*@r)", spec or "") if x.strip()]
+    modelled = faults.names_for(virtual=True)
+    for raw in items:
+        if re.split(r"[:@]", raw, maxsplit=1)[0] not in modelled:
+            raise ValueError(f"--faults: {raw!r} is not modelled by --virtual; it models {', '.join(modelled)} "
+                             "(`gradnode simulate --faults help` lists each with its grammar)")
     clocks = [x for x in items
               if x.startswith(("drift:", "clock:", "swizzle", "sybils:", "flood:", "claims:", "links:", "loss:"))]
     timed = [x for x in items if x.startswith(("partition:", "heal@", "slow:", *(f"{a}:" for a in LIFE_ACTIONS)))]
@@ -1488,9 +1500,9 @@ def _unit(v: list[float]) -> list[float]:
     return [x / size for x in v]
 
 
-def _digest(peer: str, round_: int, seed: str) -> str:
-    """The digest of ``peer``'s update of ``round_`` made on the chain ``seed`` (its blob, in the simulator)."""
-    return hashlib.sha256(f"{peer}/{round_}/{seed}".encode()).hexdigest()
+def _digest(peer: str, round_: int, base: str) -> str:
+    """The digest of ``peer``'s update of ``round_`` made on the chain ``base`` (its blob, in the simulator)."""
+    return hashlib.sha256(f"{peer}/{round_}/{base}".encode()).hexdigest()
 
 
 def _half(peer: str, round_: int) -> bool:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Callable
 
 from gradnode.node import read_kept, save_kept
 from gradnode.node.config import Config, ConfigError
+from gradnode.node.swarm import events
 from gradnode.node.swarm.identity import Identity, verify
 from gradnode.protocol.genesis import Genesis
 from gradnode.protocol.records import (KEPT_REVOCATIONS_MAX, Admission, RecordError, Revocation, dht_key, kept_blob,
@@ -86,7 +87,8 @@ class Gate:
             valid.append((rec, raw))
             with self._lock:
                 if set(rec.revoked) - self.revoked:
-                    log.warning("run authority revoked %d peer(s)", len(set(rec.revoked) - self.revoked))
+                    log.warning("run authority revoked %d peer(s)", len(set(rec.revoked) - self.revoked),
+                                extra=events.tag(events.Kind.BAN, reason="revoked"))
                     self.revoked = self.revoked | frozenset(rec.revoked)
         return valid
 

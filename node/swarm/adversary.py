@@ -2,7 +2,28 @@
 
 Honest code paths call these hooks; with ``swarm.fault = none`` (the default) each returns its input
 unchanged. The integration tests and `gradnode simulate --faults` run real peer processes with a fault
-set, and check that the honest peers reject or repair what they do.
+set, and check that the honest peers reject or repair what they do. From ``swarm.fault_round`` on:
+
+- 'corrupt' flips bytes of this peer's updates; 'forge' signs them with another key; 'tokens' declares
+  2^40 tokens per update; 'dense' sends its updates with the dense codec; 'crossrun' sends, as its updates,
+  the ones it signed in an earlier run of the same name (its folder's earlier-genesis.json).
+- 'signflip' sends its own update negated; 'noise' sends Gaussian noise of its update's norm through the
+  codec; 'freerider' sends another peer's update of the previous round, applied then, as its own; 'lazy'
+  trains every round on one fixed batch.
+- 'tamper_state' offers altered weights under the honest hash; 'badmomentum' offers honest weights with its
+  outer momentum scaled by -1000 under the honest hash; 'futurestate' offers its state claimed for a round
+  10^6 ahead (under the hash of that claim) and publishes a chain listing it.
+- 'slowhold' claims every announced update at once and serves at 128 B/s; 'pushflood' pushes forged copies
+  of its update, under its own name and others', to every peer each round.
+- 'intruder' joins a permissioned run without an admission certificate; 'flood' publishes 'training'
+  member records of 8 keys it made (and an oversized value) that never send an update; 'replayleave'
+  stores other peers' old signed 'leaving' records again under keys of its own; 'sybilvotes' runs 8 keys of
+  its making that report a weight hash nobody holds for every round and follow a chain of them.
+- 'equivocate' publishes two reports for each round (the second naming only its own update), taking turns
+  every 0.1 s for a second; 'lowid' grinds 24 keys for the lowest peer id and reports only its own update
+  (a witness that censors).
+- 'drift' nudges this peer's own weights once, at ``fault_round``: its hash check must notice and re-sync
+  it from the majority.
 """
 
 from __future__ import annotations
@@ -32,7 +53,7 @@ def sent_update(sw: SwarmConfig, round_: int, blob: bytes, output_dir: Path, sig
     INFLATED_TOKENS (validly signed: only the run's cap stops it); 'dense' sends the same values with the
     dense codec (validly signed, ~100x the bytes; only the codec check stops it); 'crossrun' sends the
     update it signed for the same round of an earlier run of the same name, config and seed (validly
-    signed; only the run id, which the genesis makes differ, stops it). Robust learning (issue 14), each
+    signed; only the run id, which the genesis makes differ, stops it). Robust learning, each
     validly signed with honest tokens: 'signflip' sends its own update negated (the same norm); 'noise'
     Gaussian noise through the codec at its own update's norm; 'freerider' another peer's update that the
     previous round applied (``earlier()``), re-labelled as its own for this round (no training of its own
@@ -104,7 +125,7 @@ def _with_header(blob: bytes, **changes: Any) -> bytes:
 EQUIVOCATE_FLIPS = 10  # 'equivocate': its two reports take turns in the DHT, every 0.1 s (peers read every 0.2 s)
 
 
-def equivocate(sw: SwarmConfig, round_: int, members: Any, run_id: str, me: str, seed: str,
+def equivocate(sw: SwarmConfig, round_: int, members: Any, run_id: str, me: str, base: str,
                included: list[tuple[str, str]]) -> None:
     """'equivocate': after its report, publish another for the same round, naming only its own update
     (nothing when that is what it reported), then the first again, and so on every 0.1 s for a second:
@@ -117,7 +138,7 @@ def equivocate(sw: SwarmConfig, round_: int, members: Any, run_id: str, me: str,
     versions = [pack(included), pack([] if set(own) == set(included) else own)]
     for flip in range(1, EQUIVOCATE_FLIPS + 1):
         time.sleep(0.1)
-        members.write("reports", round_, Report(run_id=run_id, round=round_, witness=me, seed=seed,
+        members.write("reports", round_, Report(run_id=run_id, round=round_, witness=me, base=base,
                                                 included=versions[flip % 2]))
 
 

@@ -7,12 +7,12 @@ Witnesses. The eligible witnesses of round r are the recent contributors: the pe
 decided chain applied in the last ``WITNESS_WINDOW`` rounds (the contributors ledger is shared state, so
 every peer on the chain, a joiner included, draws the same set), or the live trainers while nobody has
 contributed yet. At its deadline every witness that sent an update this round publishes its *report*:
-the updates it fetched and verified (records.Report, by fingerprint), on its chain (``seed``: the state
-hash the previous round agreed on). The round's set is every update that a strict majority of the
-counted reports lists (protocol/witness.py): the eligible witnesses' reports on this peer's chain, from
-witnesses not caught equivocating. Nobody leads: no key, however ground, chooses the set, a minority of
-witnesses can neither keep out an update the others verified nor put in one they did not, and when
-everyone verified everything one report more or less changes nothing.
+the updates it fetched and verified (records.Report, by fingerprint), on its chain (``base``: the state
+hash the previous round agreed on, which the round builds on). The round's set is every update that a
+strict majority of the counted reports lists (protocol/witness.py): the eligible witnesses' reports on this
+peer's chain, from witnesses not caught equivocating. Nobody leads: no key, however ground, chooses the set,
+a minority of witnesses can neither keep out an update the others verified nor put in one they did not, and
+when everyone verified everything one report more or less changes nothing.
 
 Counted twice. At the deadline (``decide``) a peer waits for the reports of the eligible witnesses that are
 not absent (gone, abstaining, out of step, banned), up to a grace period, and takes the set they give: what
@@ -79,22 +79,22 @@ class Agreement:
     read when the decision starts". ``witness``: False for an observer (no update of its own this round, or
     one that reported on the round before a restart), which reports nothing and never counts itself.
     ``sender``: it sent an update this round (it counts itself among the live trainers; default: ``witness``).
-    ``seed``: the state hash the previous round agreed on (this peer's chain): only reports made on it count.
+    ``base``: the state hash the previous round agreed on (this peer's chain): only reports made on it count.
     ``start``: when the round's exchange began (monotonic seconds)."""
 
     def __init__(self, *, members: Membership, cfg: SwarmConfig, run_id: str, round_: int, me: str,
                  eligible: list[str] | None, witness: bool, round_seconds: float, leaving: threading.Event,
-                 seed: str, equivocators: Equivocators | None = None, start: float | None = None,
+                 base: str, equivocators: Equivocators | None = None, start: float | None = None,
                  sender: bool | None = None) -> None:
         self.members, self.cfg, self.run_id, self.round, self.me = members, cfg, run_id, round_, me
-        self.seed, self.witness, self.leaving = seed, witness, leaving
+        self.base, self.witness, self.leaving = base, witness, leaving
         self.equivocators = equivocators or Equivocators(members, run_id)
         self.core = core.RoundCore(params(cfg), round_, me, frozenset(eligible or ()),
-                                   witness if sender is None else sender, seed, round_seconds,
+                                   witness if sender is None else sender, base, round_seconds,
                                    time.monotonic() if start is None else start, witness=witness)
         self.verdict: Verdict | None = None  # the first count's set (None: undecided)
-        # how the first count ended (core.Decided.how), or 'stopped'; '' while undecided
-        self.ended = ""
+        # how the first count ended (core.Decided.how); None while undecided, and when called off (``decide``)
+        self.ended: core.HowDecided | None = None
         self._mine: Report | None = None
         self._records: dict[tuple[str, bytes], Report] = {}  # (witness, digest) -> its signed record
         self._direct: dict[tuple[str, str], Report] = {}  # read from their authors, not the DHT (``ask``)
@@ -109,7 +109,7 @@ class Agreement:
             self.core.stop_reporting()  # the others stopped waiting for us: nothing of ours to count
         self._act(self.core.steps([core.Members(now, self.view()), *events,
                                    *(core.ReportSeen(now, r) for r in self._read()), core.Tick(now)]))
-        return self.core.phase == "decided"
+        return self.core.phase is core.Phase.DECIDED
 
     def decide(self, stop: threading.Event, tick: Callable[[], list[core.Event]]) -> Verdict | None:
         """Poll until the core decides (or ``stop``): ``tick`` runs the exchange's fetches and returns what
@@ -118,7 +118,6 @@ class Agreement:
             if self.poll(time.monotonic(), tick()):
                 return self.verdict
             stop.wait(max(0.01, min(POLL_S, self._wake - time.monotonic())))
-        self.ended = self.ended or "stopped"
         return self.verdict
 
     def _act(self, actions: list[core.Action]) -> None:
@@ -135,10 +134,10 @@ class Agreement:
             elif isinstance(a, core.Decided):
                 self.ended = a.how
                 self.verdict = None if a.fps is None else Verdict(a.fps, a.witnesses)
-                if a.how == "live fallback":
+                if a.how is core.HowDecided.LIVE_FALLBACK:
                     log.warning("round=%d: none of the %d eligible witnesses reported; counted %d live trainers'",
                                 self.round, len(self.core.eligible), a.witnesses)
-                elif a.how == "passed by":
+                elif a.how is core.HowDecided.PASSED_BY:
                     log.warning("round=%d: every other trainer is past it, sat it out or reported on another "
                                 "chain, and nobody reported on ours; giving it up", self.round)
             elif isinstance(a, core.Wake):
@@ -151,7 +150,7 @@ class Agreement:
     def _as_core(self, p: Report) -> core.Report:
         digest = report_digest(p).encode()  # what it says (two witnesses' may be alike)
         self._records.setdefault((p.witness, digest), p)
-        return core.Report(p.witness, p.seed, p.included, p.abstain, digest)
+        return core.Report(p.witness, p.base, p.included, p.abstain, digest)
 
     def _read(self, fresh: bool = False) -> list[core.Report]:
         """This round's reports as the DHT holds them now, the ones read from their witnesses, and our own."""
@@ -189,13 +188,13 @@ class Agreement:
         self.members.transport.blobs.put(report_list_name(self.run_id, self.round, self.me),
                                          msgpack.packb(sorted(verified)))
         self._mine = self.members.sign(Report(run_id=self.run_id, round=self.round, witness=self.me,
-                                              seed=self.seed, included=pack(verified)))
+                                              base=self.base, included=pack(verified)))
         self.members.transport.blobs.put(report_record_name(self.run_id, self.round, self.me), self._mine.to_bytes())
         self.members.transport.store(dht_key(self.run_id, "reports", self.round), self._mine.to_bytes(),
                                      self.members.ttl)
         # what the core counts as ours: what was published (an adversary's edit included)
         self.core.reports[self.me] = self._as_core(self._mine)
-        adversary.equivocate(self.cfg, self.round, self.members, self.run_id, self.me, self.seed, verified)
+        adversary.equivocate(self.cfg, self.round, self.members, self.run_id, self.me, self.base, verified)
 
     def ask(self, witnesses: set[str], wait_s: float) -> list[Report]:
         """Read the reports of ``witnesses`` from the witnesses themselves (each serves its signed report,

@@ -1,4 +1,4 @@
-"""The round clock: when a round's deadline falls, and when a peer should stop its inner steps.
+"""The round clock: when a round's deadline falls, and when a peer cuts its inner steps short (the cut time).
 
 The swarm has no shared clock. A round's deadline is read off the DHT: once half the live training
 peers have announced their update for round r (the anchor), the round closes ``(slack - 1) x`` the
@@ -7,10 +7,10 @@ on its own monotonic clock, from the age the DHT gives them. "Live training peer
 work (protocol/round.py ``view_of``): the last round's senders and this round's announcers, so that member
 records of keys made in bulk, which never send an update, cannot keep a deadline from starting.
 
-A peer stops its inner steps half a deadline window before that deadline, which leaves time to apply
+A peer cuts its inner steps half a deadline window before that deadline, which leaves time to apply
 the previous round and announce; a slow peer so runs fewer steps instead of stalling the others.
 Before anyone has announced the round, its deadline is predicted as the previous round's plus one
-median round (a slow peer must stop in time, not notice the deadline once it has passed). A peer
+median round (a slow peer must cut its steps in time, not notice the deadline once it has passed). A peer
 whose next deadline is nearer than its fewest steps abstains from that round (``Clock.too_late_for``).
 
 The DHT is read by a watcher thread every 0.5 s, never between two inner steps: inner steps only
@@ -75,8 +75,8 @@ class Deadline:
         self.seen, self.live = seen, live
 
 
-class StopTime:
-    """When a peer should have finished its inner steps of a round (module docstring)."""
+class CutTime:
+    """The cut time of a round: when a peer should have finished its inner steps (module docstring)."""
 
     def __init__(self, clock: "Clock", round_: int, predict: bool = True) -> None:
         round_s = clock.round_seconds()
@@ -90,7 +90,7 @@ class StopTime:
 
     def refresh(self, now: float) -> None:
         """Re-read the DHT (the watcher thread does this every 0.5 s during inner steps). The reads hold no
-        lock: a slow DHT (a split network) must never hold up an inner step asking for the stop time."""
+        lock: a slow DHT (a split network) must never hold up an inner step asking for the cut time."""
         found = self.current.poll(now)
         with self._lock:
             self.current.update(*found)
@@ -103,17 +103,18 @@ class StopTime:
     def __call__(self, now: float) -> float | None:
         with self._lock:
             previous = (self.previous.seen, self.previous.live) if self.previous is not None else None
-            return core.stop_at(self.current.seen, self.current.live, self.window, self.round_s, previous)
+            return core.cut_at(self.current.seen, self.current.live, self.window, self.round_s, previous)
 
 
 class RoundClock:
-    """``should_stop`` of one inner round: stop on ``stop``, or when one more step would end after the
-    round's stop time; a thread keeps the stop time fresh from the DHT. ``close()`` when the round ends."""
+    """``should_stop`` of one inner round: end the steps on ``stop`` (the peer is stopping), or when one more
+    step would end after the round's cut time; a thread keeps the cut time fresh from the DHT. ``close()`` when
+    the round ends."""
 
     POLL_S = 0.5
 
-    def __init__(self, clock: "Clock", stop_time: StopTime) -> None:
-        self.clock, self.stop_time = clock, stop_time
+    def __init__(self, clock: "Clock", cut_time: CutTime) -> None:
+        self.clock, self.cut_time = clock, cut_time
         self.steps, self.last, self.step_s = 0, time.monotonic(), clock.step_s
         self._closed = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="round-clock", daemon=True)
@@ -122,7 +123,7 @@ class RoundClock:
     def _watch(self) -> None:
         while not self._closed.is_set():
             try:
-                self.stop_time.refresh(time.monotonic())
+                self.cut_time.refresh(time.monotonic())
             except Exception as err:  # a DHT hiccup: keep the last view, try again
                 log.debug("deadline poll failed: %r", err)
             self._closed.wait(self.POLL_S)
@@ -145,12 +146,12 @@ class RoundClock:
             self.step_s = compute * stretch
             self.clock.warm = True
         self.steps += 1
-        stop = self.clock.stop.is_set() or (self.steps > cfg.min_steps and self._past(now))
+        end = self.clock.stop.is_set() or (self.steps > cfg.min_steps and self._past(now))
         self.last = time.monotonic()
-        return stop
+        return end
 
     def _past(self, now: float) -> bool:
-        return core.past_stop(now, self.step_s, self.stop_time(now))
+        return core.past_cut(now, self.step_s, self.cut_time(now))
 
 
 class Clock:
@@ -169,7 +170,7 @@ class Clock:
 
     def for_round(self, round_: int) -> RoundClock:
         """``should_stop`` for the inner steps of ``round_``; close it when they end."""
-        return RoundClock(self, StopTime(self, round_))
+        return RoundClock(self, CutTime(self, round_))
 
     def too_late_for(self, round_: int) -> bool:
         """True when round ``round_``'s deadline is already running and nearer than our fewest steps:
@@ -177,6 +178,6 @@ class Clock:
         if not self.step_s:
             return False
         now = time.monotonic()
-        stop_time = StopTime(self, round_, predict=False)
-        stop_time.refresh(now)
-        return core.too_late(now, self.step_s, self.cfg.min_steps, stop_time(now))
+        cut_time = CutTime(self, round_, predict=False)
+        cut_time.refresh(now)
+        return core.too_late(now, self.step_s, self.cfg.min_steps, cut_time(now))

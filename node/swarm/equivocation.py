@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 
 from gradnode.node import write_json
+from gradnode.node.swarm import events
+from gradnode.node.swarm.events import Kind
 from gradnode.node.swarm.membership import Membership
 from gradnode.protocol.records import MAX_RECORD_BYTES, Equivocation, RecordError, Report, report_digest
 
@@ -59,12 +61,12 @@ class Equivocators:
             return sorted(self.banned)
 
     def proven(self, a: Report, b: Report) -> bool:
-        """``a`` and ``b`` are verified records (membership.read or check): same witness and round, same seed
+        """``a`` and ``b`` are verified records (membership.read or check): same witness and round, same base
         (chain) or one an abstention (a peer that sits a round out reports nothing on it, on any chain: it
         does not know yet which state the round starts from), different contents; never this peer's own (a
         stale replica of it)."""
         return a.witness == b.witness != self.members.identity.peer_id and a.round == b.round \
-            and (a.seed == b.seed or a.abstain or b.abstain) and report_digest(a) != report_digest(b)
+            and (a.base == b.base or a.abstain or b.abstain) and report_digest(a) != report_digest(b)
 
     def caught(self, a: Report, b: Report) -> None:
         """Ban ``a.witness`` on the proof ``a``, ``b``, serve both and say so (once)."""
@@ -88,7 +90,8 @@ class Equivocators:
             run_id=self.run_id, round=a.round, reporter=self.members.identity.peer_id, accused=a.witness,
             first=report_digest(first), second=report_digest(second)), ttl=REPORT_TTL_S)
         log.warning("witness=%s equivocated in round=%d (two signed reports %s, %s): never counted again",
-                    a.witness[:12], a.round, report_digest(first)[:8], report_digest(second)[:8])
+                    a.witness[:12], a.round, report_digest(first)[:8], report_digest(second)[:8],
+                    extra=events.tag(Kind.EQUIVOCATION, peer=a.witness))
 
     def check(self, data: bytes, witness: str, round_: int, digest: str, signed: bool = True) -> Report | None:
         """``data`` as ``witness``'s signed report for ``round_`` with ``digest``, or None. ``signed=False``: its
@@ -145,7 +148,7 @@ class Equivocators:
 
 
 class OwnReports:
-    """The (round, seed) pairs this peer signed a report for (seed '' for an abstention), kept on disk: a peer
+    """The (round, base) pairs this peer signed a report for (base '' for an abstention), kept on disk: a peer
     killed after reporting and back within the same round must not sign a second, different one (that is
     equivocation, and others would ban it for good). Such a peer reports nothing more for that round."""
 
@@ -155,21 +158,21 @@ class OwnReports:
         self.path = path
 
     def _done(self) -> list[tuple]:
-        """The (round, seed) pairs noted so far ([] when the file is missing or unreadable)."""
+        """The (round, base) pairs noted so far ([] when the file is missing or unreadable)."""
         try:
             return [tuple(x) for x in json.loads(self.path.read_text())]
         except (OSError, ValueError, TypeError):
             return []
 
-    def first(self, round_: int, seed: str) -> bool:
-        """True, and noted, unless this peer already reported on ``round_`` on the chain ``seed`` names, or sat
+    def first(self, round_: int, base: str) -> bool:
+        """True, and noted, unless this peer already reported on ``round_`` on the chain ``base`` names, or sat
         it out; False too when the note cannot be written (a restart within this round could then sign a
         second report and be banned for good: one report less costs one vote)."""
         done = self._done()
-        if (round_, seed) in done or (round_, "") in done:
+        if (round_, base) in done or (round_, "") in done:
             log.info("round=%d: reported on it (or sat it out) before a restart; not reporting again", round_)
             return False
-        return self._note(done, round_, seed)
+        return self._note(done, round_, base)
 
     def abstaining(self, round_: int) -> bool:
         """True, and noted, unless this peer reported on ``round_`` already (then it says nothing more)."""
@@ -178,9 +181,9 @@ class OwnReports:
             return False
         return self._note(done, round_, "")
 
-    def _note(self, done: list[tuple], round_: int, seed: str) -> bool:
+    def _note(self, done: list[tuple], round_: int, base: str) -> bool:
         try:
-            write_json(self.path, [*done[-(self.KEEP - 1):], (round_, seed)])
+            write_json(self.path, [*done[-(self.KEEP - 1):], (round_, base)])
         except OSError as err:
             log.warning("own reports not saved to %s (%s): not reporting on round=%d", self.path, err, round_)
             return False

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from gradnode.node.config import SwarmConfig
-from gradnode.node.swarm import adversary
+from gradnode.node.swarm import adversary, events
 from gradnode.node.swarm.agreement import Agreement, Verdict, spelled_out
 from gradnode.node.swarm.clock import window_s
 from gradnode.node.swarm.equivocation import Equivocators
@@ -93,7 +93,8 @@ class Rejections:
         log.warning("update rejected sender=%s reason=%s round=%d", sender, reason, round_)
         if starts:
             log.warning("ignoring sender=%s until round=%d: %d rejected updates", sender,
-                        round_ + 1 + self.ignore_rounds, self.ignore_after)
+                        round_ + 1 + self.ignore_rounds, self.ignore_after,
+                        extra=events.tag(events.Kind.BAN, peer=sender, round=round_))
 
     def ignored(self, round_: int) -> list[str]:
         """Senders ignored in round ``round_``."""
@@ -136,7 +137,7 @@ class RoundExchange(threading.Thread):
 
     def __init__(self, *, transport: Transport, membership: Membership, cfg: SwarmConfig, run_id: str,
                  round_: int, blob: bytes | None, tokens: int, round_seconds: float, rules: UpdateRules,
-                 rejections: Rejections, stop: threading.Event, seed: str, eligible: list[str] | None = None,
+                 rejections: Rejections, stop: threading.Event, base: str, eligible: list[str] | None = None,
                  leaving: threading.Event | None = None, witness: bool = True,
                  equivocators: Equivocators | None = None,
                  judge: Callable[[Any, float | None], str | None] | None = None) -> None:
@@ -149,7 +150,7 @@ class RoundExchange(threading.Thread):
         self.observer = blob is None  # no update of its own: it reports nothing, and counts the others' reports
         self.agreement = Agreement(members=membership, cfg=cfg, run_id=run_id, round_=round_, me=self.me,
                                    eligible=eligible, witness=not self.observer and witness,
-                                   round_seconds=round_seconds, leaving=leaving or threading.Event(), seed=seed,
+                                   round_seconds=round_seconds, leaving=leaving or threading.Event(), base=base,
                                    equivocators=equivocators, sender=not self.observer)
         self.digest = hashlib.sha256(blob).hexdigest() if blob is not None else ""
         self.verified: dict[str, _Verified] = {}
@@ -192,8 +193,9 @@ class RoundExchange(threading.Thread):
             # the round's core collects, reports, waits for the witnesses and decides (protocol/round.py); this
             # thread feeds it what the fetches give, every poll
             self.verdict = self.agreement.decide(self.stop_event, tick=self._tick)
-            log.info("round=%d decided how=%s collect=%s verified=%d", self.round, self.agreement.ended,
-                     self.agreement.core.collect_why, len(self.verified))
+            ended, why = self.agreement.ended, self.agreement.core.collect_why
+            log.info("round=%d decided how=%s collect=%s verified=%d", self.round,
+                     "called off" if ended is None else ended.value, why.value if why else "", len(self.verified))
             self._outcome = self._assemble(self.verdict)
         except Exception:  # a bug here must not kill the peer; the round counts as undecided
             log.exception("exchange crashed round=%d", self.round)
@@ -283,12 +285,12 @@ class RoundExchange(threading.Thread):
         # it); what is not, within a few deadline windows, is out of reach (holders gone, a split network):
         # apply without it, and the hash check repairs
         window = window_s(self.cfg, self.round_seconds)
-        hard_stop = time.monotonic() + min(self.cfg.max_wait_s, max(10.0, 4 * window))
+        give_up_at = time.monotonic() + min(self.cfg.max_wait_s, max(10.0, 4 * window))
         for sender, digest in missing:
             self.verified.pop(sender, None)
             self._fetching.pop(sender, None)
-            self._start_fetch(sender, digest, hard_stop)
-        while any(s not in self.verified for s, _ in included) and time.monotonic() < hard_stop \
+            self._start_fetch(sender, digest, give_up_at)
+        while any(s not in self.verified for s, _ in included) and time.monotonic() < give_up_at \
                 and not self.stop_event.is_set():
             self._reap()
             if all(s in self.verified or s not in self._fetching for s, _ in included):
@@ -396,7 +398,7 @@ class RoundExchange(threading.Thread):
         if reason is not None:
             self._reject(sender, reason)
             return None
-        if self.judge is not None and sender != self.me and self.agreement.core.phase == "collect":
+        if self.judge is not None and sender != self.me and self.agreement.core.phase is core.Phase.COLLECT:
             norms = [v.update.norm for v in self.verified.values()]
             verdict = self.judge(upd, statistics.median(norms) if norms else None)
             if verdict is not None:

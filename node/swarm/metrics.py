@@ -8,6 +8,7 @@ Every figure here is this peer's own view.
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
@@ -20,19 +21,26 @@ from gradnode.node.swarm.report import Tally
 log = logging.getLogger(__name__)
 
 
+class Role(enum.Enum):
+    """What a peer does: train, or only serve the swarm (a serve-only bootstrap)."""
+
+    TRAIN = "train"
+    SERVE = "serve"
+
+
 @dataclass
 class Gauges:
     """The peer's latest figures, written by its threads, read by the exporter; its counters (resyncs,
     contributed rounds, seconds in inner steps, ...) are read straight from its ``Tally``."""
 
-    role: str = "train"  # "train" or "serve" (a serve-only bootstrap)
+    role: Role = Role.TRAIN
     round: int = 0  # rounds applied (the engine's round); for a serve-only peer the newest round it saw
     train_loss: float | None = None
     val_loss: float | None = None
     tokens_per_s: float = 0.0
     training_since: float | None = None  # monotonic time the training loop started
     tally: Tally = field(default_factory=Tally)  # the peer's counters, read at scrape time
-    peers_seen: dict[str, int] = field(default_factory=dict)  # role -> live members in sight
+    peers_seen: dict[Role, int] = field(default_factory=dict)  # live members in sight, by role
     waiting_for_peers: bool = False
     hash_agrees: bool | None = None  # None: not checked yet
     bad_records: int = 0  # DHT records that failed their schema or signature (Membership.bad_records)
@@ -72,7 +80,7 @@ class _Collector:
         g.maybe_refresh()
         t = g.tally
         yield InfoMetricFamily("gradnode_peer", "This peer: run, peer id, software version, role.",
-                               value={**self.labels, "role": g.role})
+                               value={**self.labels, "role": g.role.value})
 
         def gauge(name: str, doc: str, value: float | None) -> Iterator[Any]:
             if value is not None:
@@ -84,7 +92,7 @@ class _Collector:
         yield from gauge("round", "Rounds applied by this peer (a serve-only peer: the newest round it saw).", g.round)
         yield from gauge("train_loss", "Mean training loss of this peer's last inner round.", g.train_loss)
         yield from gauge("val_loss", "Validation loss at the last evaluation (metrics.eval_every).", g.val_loss)
-        if g.role == "train":
+        if g.role is Role.TRAIN:
             yield from gauge("tokens_per_second", "Tokens per second of the inner steps.", g.tokens_per_s)
             yield from gauge("compute_utilization", "Share of wall time in inner steps since training started.",
                              g.utilization())
@@ -103,8 +111,8 @@ class _Collector:
         yield counter("sent_bytes", "Bytes sent over libp2p streams (updates, state).", up)
         yield counter("received_bytes", "Bytes received over libp2p streams.", down)
         seen = GaugeMetricFamily("gradnode_peers_seen", "Live members in sight, by role.", labels=["role"])
-        for role in ("train", "serve"):
-            seen.add_metric([role], g.peers_seen.get(role, 0))
+        for role in Role:
+            seen.add_metric([role.value], g.peers_seen.get(role, 0))
         yield seen
         from gradnode.node.swarm.rules import REASONS
 

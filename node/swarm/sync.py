@@ -14,7 +14,8 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from gradnode.node.config import SwarmConfig
-from gradnode.node.swarm import catchup, statesync
+from gradnode.node.swarm import catchup, events, statesync
+from gradnode.node.swarm.events import Kind
 from gradnode.node.swarm.history import RoundLog
 from gradnode.node.swarm.membership import Membership
 from gradnode.node.swarm.report import Tally
@@ -92,7 +93,7 @@ class Sync:
         # who made the adopted round, by the ledger that came with the state: they set the pace
         h.senders = sorted(p for p, r in eng.contributors.items() if r == eng.round - 1)
         log.info("state adopted reason=%s round=%d from=%s hash=%s", reason, eng.round,
-                 manifest.peer[:12], manifest.param_hash[:12])
+                 manifest.peer[:12], manifest.param_hash[:12], extra=events.tag(Kind.RESYNC, reason=reason))
         return True
 
     def _catch_up(self) -> bool:
@@ -107,14 +108,14 @@ class Sync:
         target = offers[0].round
         choice = functools.partial(sync_rules.replay_or_download, behind=target - eng.round,
                                    window=self.cfg.catchup_rounds, state_bytes=offers[0].size)
-        if choice(replay_bytes=0) == "download":
+        if choice(replay_bytes=0) is sync_rules.CatchUp.DOWNLOAD:
             log.info("catch-up: %d rounds behind, beyond the window of %d", target - eng.round, self.cfg.catchup_rounds)
             return False
         missed = catchup.plan(self.members, eng.round, target)
         if missed is None or not catchup.start_matches(eng, self.members):
             return False
         cost = sum(m.update_bytes for m in missed)
-        if choice(replay_bytes=cost) == "download":
+        if choice(replay_bytes=cost) is sync_rules.CatchUp.DOWNLOAD:
             log.info("catch-up: %d bytes of updates >= %d bytes of state; downloading the state", cost, offers[0].size)
             return False
         start = eng.round
@@ -126,5 +127,6 @@ class Sync:
             self.tally.catchups += len(missed)
             self.history.senders = [s for s, _ in missed[-1].included]
             log.info("caught up rounds=%d..%d by replay bytes=%d (state is %d) hash=%s", start, target - 1, cost,
-                     offers[0].size, eng.state_hash()[:12])
+                     offers[0].size, eng.state_hash()[:12], extra=events.tag(Kind.RESYNC, reason="catch-up replay",
+                                                                             round=target - 1))
         return ok

@@ -10,7 +10,7 @@ from (theta - outer.lr * u) and measures the loss change on ``rows`` training wi
 and rejects the update when the gains say, with z standard errors to spare, that it makes the loss
 worse: ``mean(gain) + z * stderr(gain) < 0``. An honest update lowers the loss on data it never saw; late
 in training its gain is small and a few rows can show a small rise by chance, which the z standard
-errors absorb. Measured (`gradnode bench robust --score-rows N`, node/ROBUST.md): no honest update
+errors absorb. Measured (`gradnode bench robust --score-rows N`, docs/notes/robust.md): no honest update
 rejected from 4 rows up (2 rows rejected one in each of four 8-replica runs); with 8 rows 26 of 30 sign-flipped and 30 of 30
 one-coordinate updates rejected at 2 attackers in 8, random noise of the same norm 3 of 30, a lazy peer's
 real (if overfitted) update never: those are left to the deterministic screens.
@@ -50,7 +50,7 @@ class ScoreParams:
     """How much a witness checks. Cost per round: one forward pass over ``rows`` windows for the baseline
     and one per update checked. Measured at the node's default settings (`gradnode bench robust --size
     node --inner-steps 20`: configs/tiny-cpu.yaml's model, batch 16 x 128), 8 rows: 3.7-4.2% of a round's
-    inner compute checking 4 updates, 7.4-8.0% checking 8 (node/ROBUST.md); it grows with the number of
+    inner compute checking 4 updates, 7.4-8.0% checking 8 (docs/notes/robust.md); it grows with the number of
     updates, so large swarms want fewer rows (not under 4: 2 rows rejected honest updates)."""
 
     rows: int = 8  # random windows of model.seq_len bytes per round (shared by every update scored)

@@ -51,20 +51,42 @@ class _Command(_TidyHelp, TyperCommand):
     pass
 
 
+# The top-level commands in the order people meet them, each with its panel and its line in `gradnode --help`.
+COMMANDS = {
+    "simulate": ("Train", "A whole swarm on this machine: a bootstrap and N peers (--virtual: thousands, no "
+                          "processes)."),
+    "train": ("Train", "Train one peer alone, without a network, with a progress bar."),
+    "bootstrap": ("Train", "Start the peer others join first; with --train it trains too."),
+    "join": ("Train", "Join a run: get the current weights, then train and exchange every round."),
+    "status": ("Watch", "The swarm's peers as a table, or a live web page (--serve)."),
+    "health": ("Watch", "Exit 0 while this peer trains in one swarm with the others."),
+    "eval": ("After training", "Validation loss of a checkpoint's agreed weights."),
+    "export": ("After training", "A checkpoint's agreed weights as safetensors or a transformers folder."),
+    "run": ("Permissioned runs", "Create a run's genesis: its rules, weights and id."),
+    "admit": ("Permissioned runs", "Admit a peer to a permissioned run."),
+    "revoke": ("Permissioned runs", "Withdraw admissions while the run goes on."),
+    "bench": ("Tools", "Benchmarks that print measured figures."),
+    "check-config": ("Tools", "Validate a config and print the resolved tree."),
+}
+
+
 class _Group(_TidyHelp, TyperGroup):
-    pass
+    def list_commands(self, ctx: Any) -> list[str]:
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda n: list(COMMANDS).index(n) if n in COMMANDS else len(COMMANDS))
 
 
 app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True,
                   help="gradnode: decentralised SparseLoCo training over hivemind.")
 bench_app = typer.Typer(cls=_Group, no_args_is_help=True, help="Benchmarks that print measured figures.")
-app.add_typer(bench_app, name="bench")
+app.add_typer(bench_app, name="bench", rich_help_panel=COMMANDS["bench"][0], short_help=COMMANDS["bench"][1])
 run_app = typer.Typer(cls=_Group, no_args_is_help=True, help="Create a run: its genesis, which names it once.")
-app.add_typer(run_app, name="run")
+app.add_typer(run_app, name="run", rich_help_panel=COMMANDS["run"][0], short_help=COMMANDS["run"][1])
 
 
 def command(name: str, group: typer.Typer = app) -> Any:
-    return group.command(name, cls=_Command)
+    panel, short = COMMANDS[name] if group is app else (None, None)
+    return group.command(name, cls=_Command, rich_help_panel=panel, short_help=short)
 
 
 def _version(value: bool) -> None:
@@ -104,8 +126,10 @@ def _load(config: Optional[Path], overrides: Optional[list[str]], extra: dict[st
     """Load the config, exit with the key-naming message on error (no traceback for user mistakes)."""
     try:
         pairs = dict(parse_override(o) for o in overrides or [])
+        origins = {key: f"--set {o}" for key, o in zip(pairs, overrides or [])}
+        origins.update({key: f"the option that sets {key}" for key in extra or {}})
         pairs.update(extra or {})
-        return load_config(config, pairs)
+        return load_config(config, pairs, origins)
     except ConfigError as err:
         typer.echo(str(err), err=True)
         raise typer.Exit(2) from None
@@ -224,8 +248,8 @@ def run_init_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] =
                  name: Optional[str] = typer.Option(None, "--name", metavar="NAME",
                                                     help="The run's name (default: run.run_id of the config)."),
                  authority_key: Optional[Path] = typer.Option(None, "--authority-key", metavar="FILE",
-                                                              help="A gradnode key file (e.g. a peer's peer.key) "
-                                                                   "whose public key becomes the run authority.")) -> None:
+                                                              help="The run authority's key file, made here when "
+                                                                   "absent (any gradnode key file will do).")) -> None:
     """Create a run once: write its genesis (name, shared rules, initial weights hash, a random nonce, an
     optional authority key) and print its run id. Every peer then joins with --genesis FILE."""
     import secrets
@@ -241,9 +265,10 @@ def run_init_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] =
         if authority_key is not None:
             from gradnode.node.swarm.identity import load_or_create
 
-            if not authority_key.is_file():
-                raise ValueError(f"--authority-key {authority_key}: no such key file")
+            made = not authority_key.exists()
             authority = load_or_create(authority_key).public_der.hex()
+            if made:
+                _say(f"authority key created: {authority_key} (keep it secret: it admits and revokes peers)")
         from gradnode.node.train.engine import initial_weights_hash
 
         genesis = Genesis(name=name or cfg.run.run_id[:47], rules=shared_rules(cfg),
@@ -388,7 +413,7 @@ def train_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = Se
               verbose: bool = VerboseOpt) -> None:
     """Train one peer alone, end to end (no network), with a progress bar and a final summary.
 
-    Ctrl+C stops at the next inner step with a checkpoint; the same command resumes from it."""
+    Ctrl+C or SIGTERM stops at the next inner step with a checkpoint; the same command resumes from it."""
     import shutil
 
     extra: dict[str, Any] = {}
@@ -412,17 +437,14 @@ def train_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = Se
         if found:
             _say(f"resuming from {found[0]} ({_where(found[0], cfg)}); --fresh starts over")
         stop = threading.Event()
-        previous = signal.signal(signal.SIGINT, _stop_on_first_sigint(stop))
-        try:
+        with _stop_at_next_step(stop) as shutdown:
             summary = train(cfg, eval_every=eval_every, console=ERR, device=device, stop=stop)
-        finally:
-            signal.signal(signal.SIGINT, previous)
     Console().print(summary_table(cfg, summary))
     if summary.stopped_at_step is not None:
         _say(f"stopped in round {summary.last_round + 1} of {cfg.rounds}, after {summary.stopped_at_step} of "
              f"{cfg.inner.steps} inner steps; checkpoint {summary.checkpoint}. Resume with the same command.")
         _say(f"run folder: {out} ({_size(out)})")
-        raise typer.Exit(130)
+        raise typer.Exit(128 + (shutdown.signum or signal.SIGINT))
     if summary.rounds == 0:
         _say(f"nothing to do: this run already trained {summary.last_round} rounds (raise --rounds, or --fresh)")
     _say(f"run folder: {out} ({_size(out)})")
@@ -440,14 +462,15 @@ def _where(folder: Path, cfg: Config) -> str:
                                                    if 0 < into < cfg.inner.steps else "")
 
 
-def _stop_on_first_sigint(stop: threading.Event) -> Any:
-    """First Ctrl+C: stop at the next step boundary, with a checkpoint. Second: stop at once."""
-    def handler(signum: int, frame: Any) -> None:
-        if stop.is_set():
-            raise KeyboardInterrupt
+def _stop_at_next_step(stop: threading.Event) -> Any:
+    """SIGINT or SIGTERM (to the process or its group): stop at the next inner step, with a checkpoint. A
+    second one ends the process at once (node/shutdown.py)."""
+    from gradnode.node.shutdown import Shutdown
+
+    def request(signum: int) -> None:
         stop.set()
-        _say("stopping after this inner step, with a checkpoint (Ctrl+C again stops at once)")
-    return handler
+        _say(f"signal {signum}: stopping after this inner step, with a checkpoint (a second signal stops at once)")
+    return Shutdown(on_request=request)
 
 
 # --- export and evaluation ---
@@ -514,34 +537,42 @@ def eval_cmd(checkpoint: Path = CheckpointArg,
                                                        "text files or folders (repeatable; a folder: its files with a "
                                                        "text suffix), read whole, instead of the run's held-out "
                                                        "split."),
-             max_tokens: int = typer.Option(131_072, "--max-tokens", min=1, metavar="N", help="Score at most the "
-                                            "first N tokens (bytes) of the text (the held-out split of the default "
-                                            "corpus holds about 450,000)."),
+             max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, metavar="N", help="Score N bytes "
+                                                      "of the text, in windows spread evenly over it (all of it when "
+                                                      "shorter; default 32,768, as every val loss gradnode reports; "
+                                                      "the default corpus's held-out split holds about 450,000)."),
              batch_size: int = typer.Option(16, "--batch-size", min=1, metavar="N", help="Windows per forward pass "
                                             "(memory and speed; the numbers change by float rounding at most)."),
              device: Optional[str] = typer.Option(None, "--device", metavar="DEVICE", help="cpu, cuda or cuda:N "
                                                   "(default: CUDA when there is one)."),
              config: Optional[Path] = RestoreConfigOpt, set_: Optional[list[str]] = SetOpt,
              as_json: bool = typer.Option(False, "--json", help="Print one JSON object: checkpoint, round, tokens, "
-                                          "loss, perplexity, bits_per_byte, data, truncated, run_id."),
+                                          "loss, unit, perplexity, bits_per_byte, data, truncated, run_id."),
              verbose: bool = VerboseOpt) -> None:
-    """Validation loss, perplexity and bits per byte of a checkpoint's agreed weights on held-out text: the text
-    is cut into non-overlapping windows of model.seq_len tokens; loss is the mean cross-entropy in nats per
-    predicted token, perplexity exp(loss); tokens are bytes (the corpus is byte-level), so bits per byte = loss /
-    ln 2. The same checkpoint and text give the same numbers on every call."""
+    """Validation loss, perplexity and bits per byte of a checkpoint's agreed weights on held-out text, the val
+    loss `gradnode train` and the peers report (node/train/evaluate.py): the text is cut into non-overlapping
+    windows of model.seq_len bytes, and those scored are spread evenly over it; loss is the mean cross-entropy
+    in nats per byte (every corpus is byte-level), perplexity exp(loss), bits per byte loss / ln 2. The same
+    checkpoint and text give the same numbers on every call."""
     _setup_logging(verbose)
     logging.getLogger().setLevel(logging.DEBUG if verbose else logging.WARNING)
     with _user_errors(verbose):
+        from gradnode.node.train import checkpoint as ckpt
+
+        ckpt.candidates(checkpoint)  # a path mistake fails here, before torch and the model load
         from gradnode.node.train import evaluate as ev
         from gradnode.node.train.inner import pick_device
 
         dev = pick_device(device or "auto")
         restored = _restore(checkpoint, config, set_)
-        text, described = ev.text_files(list(data), max_tokens) if data else ev.held_out(restored.cfg)
-        result = ev.evaluate(restored.model.to(dev), text, restored.cfg.model.seq_len, max_tokens, batch_size, dev)
+        limit = max_tokens or ev.VAL_BYTES
+        text, described = ev.text_files(list(data), restored.cfg.data.max_bytes) if data else \
+            ev.held_out(restored.cfg)
+        result = ev.evaluate(restored.model.to(dev), text, restored.cfg.model.seq_len, limit, batch_size, dev)
     figures = {"checkpoint": str(restored.path), "round": restored.round, "tokens": result.tokens,
-               "loss": result.loss, "perplexity": result.perplexity, "bits_per_byte": result.bits_per_byte,
-               "data": described, "truncated": result.truncated, "run_id": restored.run_id}
+               "loss": result.loss, "unit": ev.UNIT, "perplexity": result.perplexity,
+               "bits_per_byte": result.bits_per_byte, "data": described, "truncated": result.truncated,
+               "run_id": restored.run_id}
     if as_json:
         typer.echo(json.dumps(figures))
         return
@@ -552,8 +583,9 @@ def eval_cmd(checkpoint: Path = CheckpointArg,
     table.add_column("value", overflow="fold")
     table.add_row("checkpoint", str(restored.path))
     table.add_row("data", described)
-    table.add_row("tokens (bytes)", f"{result.tokens:,}" + (" (cut at --max-tokens)" if result.truncated else ""))
-    table.add_row("loss", f"{result.loss:.4f} nats/token")
+    table.add_row("tokens (bytes)", f"{result.tokens:,}" + (" (spread over more: --max-tokens)" if result.truncated
+                                                            else ""))
+    table.add_row("val loss" if not data else "loss", result.describe("text" if data else "held-out"))
     table.add_row("perplexity", f"{result.perplexity:.3f}")
     table.add_row("bits per byte", f"{result.bits_per_byte:.4f}")
     Console().print(table)
@@ -576,26 +608,34 @@ def _swarm_cfg(config: Optional[Path], set_: Optional[list[str]], initial_peer: 
     return cfg
 
 
-def _serve_status(membership: Any, cfg: Config, port: int) -> Any:
-    """The status page on ``port`` (metrics.host), fed by a watch over ``membership``; returns a closer."""
+def _serve_status(membership: Any, cfg: Config, port: int, folder: Optional[Path] = None) -> Any:
+    """The status page on ``port`` (metrics.host), fed by a watch over ``membership`` with what the run folder
+    ``folder`` adds, or by ``folder`` alone (no ``membership``: a finished run); returns a closer."""
+    from gradnode.node.status.runfolder import RunFolder
     from gradnode.node.status.server import StatusServer
     from gradnode.node.status.watch import SwarmWatch
 
-    watch = SwarmWatch(membership, cfg.run.run_id)
-    server = StatusServer(watch.snapshot, cfg.metrics.host, port)
-    watch.start()
+    reader = RunFolder(folder, target_rounds=cfg.swarm.rounds) if folder is not None else None
+    watch = SwarmWatch(membership, cfg.run.run_id, target_rounds=cfg.swarm.rounds, folder=reader) \
+        if membership is not None else None
+    server = StatusServer(watch.snapshot if watch else reader.snapshot, cfg.metrics.host, port)
+    if watch is not None:
+        watch.start()
     server.start()
     typer.echo(f"status page: {server.url}")
 
     def close() -> None:
         server.close()
-        watch.close()
+        if watch is not None:
+            watch.close()
     return close
 
 
 def _run_peer(cfg: Config, *, train: bool, peer_index: Optional[int], device: Optional[str], metrics: Optional[Path],
               summary: Optional[Path], evaluate: bool, verbose: bool, maddrs_file: Optional[Path] = None,
               status_port: Optional[int] = None) -> None:
+    from gradnode.node.status.runfolder import around
+    from gradnode.node.swarm import events
     from gradnode.node.swarm.peer import Peer
     from gradnode.node.swarm.report import summary_json
 
@@ -609,19 +649,23 @@ def _run_peer(cfg: Config, *, train: bool, peer_index: Optional[int], device: Op
         peer = Peer(cfg, peer_index=peer_index, device=device, metrics_path=metrics, evaluate=evaluate)
         peer.install_signal_handlers()
         close_status = None
+        recording = events.install(out)  # the run's events for the status page, in the run folder
         try:
             peer.start()
             if status_port is not None:
-                close_status = _serve_status(peer.membership, cfg, status_port)
+                close_status = _serve_status(peer.membership, cfg, status_port, around(out))
             maddrs = peer.transport.maddrs()
             typer.echo("peer id: " + peer.identity.peer_id)
-            for m in maddrs:
-                typer.echo(m)
+            for line in address_lines(maddrs):
+                typer.echo(line)
             if maddrs_file is not None:
                 tmp = maddrs_file.with_suffix(".tmp")
                 tmp.write_text("\n".join(maddrs) + "\n")
                 tmp.replace(maddrs_file)
             if not train:
+                typer.echo("this bootstrap only serves (no training): a run needs swarm.min_peers="
+                           f"{cfg.swarm.min_peers} trainers, so one joiner waits for another; --train makes this one "
+                           "a trainer too")
                 peer.serve()
             else:
                 result = peer.train()
@@ -634,15 +678,59 @@ def _run_peer(cfg: Config, *, train: bool, peer_index: Optional[int], device: Op
             if close_status is not None:
                 close_status()
             peer.close()
+            events.uninstall(recording)
     _say(f"run folder: {out} ({_size(out)})")
+
+
+def address_lines(maddrs: list[str]) -> list[str]:
+    """A peer's addresses as it prints them: the one to share first, with who can dial it and what to open,
+    each address on a line of its own (scripts read them), then the others, and what a NAT needs."""
+    from gradnode.node.config import Reach, reach_of
+
+    if not maddrs:
+        return ["no address to share: this peer accepts no inbound connections (swarm.client_mode)"]
+    rank = {Reach.PUBLIC: 0, Reach.NETWORK: 1, Reach.MACHINE: 2}
+    ordered = sorted(maddrs, key=lambda m: rank[reach_of(m)])
+    best, reach = ordered[0], reach_of(ordered[0])
+    parts = best.split("/")
+    port = parts[4] if len(parts) > 4 and parts[3] == "tcp" else "?"
+    if reach is Reach.MACHINE:
+        lines = ["this peer listens on loopback only: other machines cannot reach it (listen on "
+                 f"/ip4/0.0.0.0/tcp/{port} to let them); peers on this machine join with:"]
+    else:
+        lines = [f"share this address with the machines that join (reachable from {reach.value}; open tcp port "
+                 f"{port} to them):"]
+    lines.append(best)
+    for where in (Reach.PUBLIC, Reach.NETWORK, Reach.MACHINE):
+        rest = [m for m in ordered[1:] if reach_of(m) is where]
+        if rest:
+            lines += [f"other addresses ({where.value}):", *rest]
+    if reach is not Reach.PUBLIC:
+        lines.append(f"machines outside this network (behind NAT, another site) need a public address: add "
+                     f"--announce /ip4/PUBLIC_IP/tcp/{port} and share that one")
+    return lines
+
+
+ListenOpt = typer.Option(None, "--listen", "--host", metavar="MADDR", help="Listen multiaddr, e.g. "
+                         "/ip4/0.0.0.0/tcp/31337 (repeatable; sets swarm.host_maddrs).")
+AnnounceOpt = typer.Option(None, "--announce", metavar="MADDR", help="The public multiaddr other machines dial, "
+                           "e.g. /ip4/203.0.113.7/tcp/31337 behind NAT (repeatable; sets swarm.announce_maddrs).")
+
+
+def _addresses(extra: dict[str, Any], listen: Optional[list[str]], announce: Optional[list[str]]) -> None:
+    if listen:
+        extra["swarm.host_maddrs"] = list(listen)
+    if announce:
+        extra["swarm.announce_maddrs"] = list(announce)
 
 
 @command("bootstrap")
 def bootstrap_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = SetOpt,
                   train: bool = typer.Option(False, "--train/--serve-only", help="Also train (default: only keep "
                                                                                   "the DHT and records alive)."),
-                  host: Optional[list[str]] = typer.Option(None, "--host", metavar="MADDR", help="Listen multiaddr, "
-                                                           "e.g. /ip4/0.0.0.0/tcp/31337 (repeatable)."),
+                  listen: Optional[list[str]] = ListenOpt, announce: Optional[list[str]] = AnnounceOpt,
+                  rounds: Optional[int] = typer.Option(None, "--rounds", metavar="N", help="With --train: leave "
+                                                       "after this round (swarm.rounds; default: until stopped)."),
                   device: Optional[str] = DeviceOpt, genesis: Optional[Path] = GenesisOpt,
                   admission_file: Optional[Path] = AdmissionOpt,
                   status_port: Optional[int] = typer.Option(None, "--status-port", min=0, max=65535, metavar="PORT",
@@ -657,8 +745,9 @@ def bootstrap_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] 
         extra["run.genesis"] = str(genesis)
     if admission_file is not None:
         extra["run.admission"] = str(admission_file)
-    if host:
-        extra["swarm.host_maddrs"] = list(host)
+    _addresses(extra, listen, announce)
+    if rounds is not None:
+        extra["swarm.rounds"] = rounds
     cfg = _load(config, set_, extra)
     _setup_logging(verbose)
     _run_peer(cfg, train=train, peer_index=None, device=device, metrics=None, summary=None, evaluate=train,
@@ -668,6 +757,7 @@ def bootstrap_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] 
 @command("join")
 def join_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = SetOpt,
              initial_peer: Optional[list[str]] = PeerOpt,
+             listen: Optional[list[str]] = ListenOpt, announce: Optional[list[str]] = AnnounceOpt,
              rounds: Optional[int] = typer.Option(None, "--rounds", metavar="N", help="Leave after this round "
                                                   "(swarm.rounds; default: train until stopped)."),
              peer_index: Optional[int] = typer.Option(None, "--peer-index", min=0, metavar="N",
@@ -690,7 +780,13 @@ def join_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = Set
         extra["swarm.rounds"] = rounds
     if output_dir is not None:
         extra["run.output_dir"] = str(output_dir)
+    _addresses(extra, listen, announce)
     cfg = _swarm_cfg(config, set_, initial_peer, extra)
+    if not cfg.swarm.initial_peers and not (cfg.run.output_dir / "addressbook.json").exists():
+        typer.echo("error: join needs --initial-peer MADDR (an address `gradnode bootstrap` prints) or "
+                   "swarm.initial_peers; only a peer back in a run folder that knows peers finds them itself",
+                   err=True)
+        raise typer.Exit(2)
     _setup_logging(verbose)
     _run_peer(cfg, train=True, peer_index=peer_index, device=device, metrics=metrics, summary=summary,
               evaluate=not no_eval, verbose=verbose, maddrs_file=maddrs_file)
@@ -708,6 +804,10 @@ def status_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = S
                                                    help="Instead of printing once, serve a live status page on "
                                                         "this port (at metrics.host; 0: any free port) until "
                                                         "Ctrl+C."),
+               run_dir: Optional[Path] = typer.Option(None, "--run-dir", metavar="DIR", help="A run folder "
+                                                      "(simulate's, or a peer's run.output_dir), finished or not: "
+                                                      "its run page with --serve, else its figures as JSON. With "
+                                                      "--initial-peer, the live page adds what its files tell."),
                verbose: bool = VerboseOpt) -> None:
     """Print the swarm's members: peer, round, throughput, traffic, rejected updates, by how many peers each
     is ignored for repeated invalid updates, its reputation score (robust aggregation), last seen. With
@@ -715,6 +815,9 @@ def status_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = S
     import tempfile
 
     cfg = _swarm_cfg(config, set_, initial_peer)
+    if run_dir is not None and not cfg.swarm.initial_peers:
+        _status_of_folder(cfg, run_dir, serve)
+        return
     if not cfg.swarm.initial_peers:
         typer.echo("error: status needs --initial-peer (or swarm.initial_peers)", err=True)
         raise typer.Exit(2)
@@ -736,7 +839,7 @@ def status_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = S
             gate = admission.gate_of(cfg, transport.now)  # a permissioned run: admitted members only
             membership = Membership(transport, ident, cfg.run.run_id, cfg.swarm.record_ttl_s, gate=gate)
             if serve is not None:
-                _serve_until_interrupted(membership, cfg, serve)
+                _serve_until_interrupted(membership, cfg, serve, run_dir)
                 return
             members = membership.members(max_age=0)
             now = transport.now()
@@ -766,11 +869,26 @@ def status_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = S
     Console().print(table)
 
 
-def _serve_until_interrupted(membership: Any, cfg: Config, port: int) -> None:
+def _status_of_folder(cfg: Config, folder: Path, serve: Optional[int]) -> None:
+    """`gradnode status --run-dir DIR` without a swarm: the run page of DIR's files (--serve), else their
+    figures as one JSON object."""
+    from gradnode.node.status.runfolder import RunFolder
+
+    if not folder.is_dir():
+        typer.echo(f"error: --run-dir {folder}: no such folder", err=True)
+        raise typer.Exit(2)
+    if serve is None:
+        typer.echo(json.dumps(RunFolder(folder, target_rounds=cfg.swarm.rounds).snapshot()))
+        return
+    with _user_errors(False):
+        _serve_until_interrupted(None, cfg, serve, folder)
+
+
+def _serve_until_interrupted(membership: Any, cfg: Config, port: int, folder: Optional[Path] = None) -> None:
     stop = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
     previous_term = signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    close = _serve_status(membership, cfg, port)
+    close = _serve_status(membership, cfg, port, folder)
     try:
         while not stop.wait(1.0):
             pass
@@ -837,20 +955,8 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=4096, 
                                                            "logs and checkpoints; default runs/simulate-DATE-TIME."),
                  faults_spec: Optional[str] = typer.Option(
                      None, "--faults", metavar="SPEC",
-                     help="Fault schedule, e.g. kill:2@r3,restart:2@r5,join:5@r2,slow:1x5,bw:3=1mbit,corrupt:4@r2 "
-                          "(actions: kill restart stop join corrupt forge tamper slow bw client partition heal; "
-                          "adversaries: tokens dense slowhold pushflood intruder flood replayleave crossrun "
-                          "equivocate sybilvotes lowid futurestate badmomentum signflip noise freerider lazy; "
-                          "peer '?' = picked by --seed). With --virtual: lying witnesses (censor:P "
-                          "equivocate:P withhold:P), updates that do not help (signflip:P noise:P freerider:P: "
-                          "judged by the robust rule's screens), records claiming an hour a round (stretch:P) or "
-                          "a state a million rounds ahead (futurestate:P), "
-                          "one partition:G|G@rN with its heal@rM, "
-                          "kill/stop/restart/join:P@rN, stragglers slow:PxF, and clocks off "
-                          "drift:S (each by up to S seconds) and clock:P=S, swizzle-clogging swizzle[:S]@rN, "
-                          "sybils:N (keys voting for a made-up chain), flood:N (their records far ahead), claims:S "
-                          "(their records claiming S seconds a round), and per-link networks links:S (each "
-                          "peer's link up to S times slower and farther) and loss:P (transfers lost, retried)."),
+                     help="Fault schedule, e.g. kill:2@r3,restart:2@r5,slow:1x5,partition:0,1|2,3@r2,heal@r4. "
+                          "`--faults help` lists every kind with its grammar (docs/simulator.md explains them)."),
                  seed: Optional[int] = typer.Option(None, "--seed", min=0, metavar="N", help="run.seed, and the "
                                                     "picks of '?' in --faults: the same seed gives the same run."),
                  timeout: float = typer.Option(3600.0, "--timeout", min=10.0, metavar="SECONDS",
@@ -878,6 +984,9 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=4096, 
     from gradnode.node.sim import faults
     from gradnode.node.sim import simulate as sim
 
+    if faults_spec is not None and faults_spec.strip() == "help":
+        typer.echo(faults.help_text())
+        return
     if virtual:
         _simulate_virtual(peers, rounds, seed or 0, config, set_ or [], faults_spec, late_records, as_json)
         return
@@ -905,9 +1014,9 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=4096, 
                  f"prometheus --config.file={out / 'prometheus.yml'}")
         try:
             summary = sim.run(settings, console=ERR)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as err:
             typer.echo("interrupted: all peers stopped", err=True)
-            raise typer.Exit(130) from None
+            raise typer.Exit(128 + getattr(err, "signum", signal.SIGINT)) from None
     if as_json:
         typer.echo(json.dumps(summary))
     else:

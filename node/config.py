@@ -8,6 +8,7 @@ import torch (``gradnode --help`` stays fast).
 from __future__ import annotations
 
 import difflib
+import enum
 import ipaddress
 import re
 import tomllib
@@ -120,18 +121,13 @@ class OuterConfig(_Section):
     nesterov: bool = Field(False, description="Nesterov outer momentum (DiLoCo).")
     ef_beta: float = Field(0.95, ge=0.0, le=1.0, description="Error-feedback decay.")
     aggregation: Literal["mean", "coord_mean", "robust"] = Field(
-        "robust", description="'robust' (the default): coord_mean of the updates that pass deterministic screens "
-                              "(replays, duplicates, zero-norm dilution, directions the others contradict, "
-                              "per-tensor value caps) weighted by a reputation kept in the shared state "
-                              "(protocol/robust.py, `gradnode bench robust`; with honest updates only it is "
-                              "bit-identical to coord_mean); 'coord_mean': per coordinate, over the peers that "
-                              "sent it (measured 4.9% lower val loss than 'mean', node/QUALITY.md); 'mean': "
-                              "average over contributing peers.")
+        "robust", description="'robust': coord_mean of the updates that pass deterministic screens, weighted by "
+                              "reputation (protocol/robust.py); 'coord_mean': each coordinate averaged over its "
+                              "senders; 'mean': averaged over contributing peers.")
     clip_to_median: bool = Field(True, description="Clip each peer's update to the round's median norm.")
     max_step_ratio: float = Field(
-        1.0, gt=0.0, le=1e6, description="A round's aggregate whose norm exceeds this multiple of the shared "
-                                         "weights' norm (or holds inf/NaN) is never applied: every peer skips "
-                                         "that outer step alike. Honest steps are far below 1 (bench robust).")
+        1.0, gt=0.0, le=1e6, description="Every peer skips a round's outer step alike when its aggregate's norm "
+                                         "exceeds this multiple of the shared weights' norm, or holds inf/NaN.")
 
 
 _RATE_UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8,
@@ -199,6 +195,31 @@ def peer_id_of(maddr: str) -> str | None:
     return maddr.rsplit("/p2p/", 1)[1] if "/p2p/" in maddr else None
 
 
+class Reach(enum.Enum):
+    """Who can dial an address: any machine, the machines of this network, or this machine only."""
+
+    PUBLIC = "any machine"
+    NETWORK = "this network"
+    MACHINE = "this machine only"
+
+
+def reach_of(maddr: str) -> Reach:
+    """Who can dial ``maddr`` (/ip4/ or /ip6/ addresses; a DNS name counts as public)."""
+    parts = maddr.split("/")
+    if len(parts) < 3 or parts[1] not in ("ip4", "ip6"):
+        return Reach.PUBLIC
+    try:
+        ip = ipaddress.ip_address(parts[2])
+    except ValueError:
+        return Reach.PUBLIC
+    if ip.is_loopback:
+        return Reach.MACHINE
+    return Reach.NETWORK if ip.is_private or ip.is_link_local or ip in _SHARED_SPACE else Reach.PUBLIC
+
+
+_SHARED_SPACE = ipaddress.ip_network("100.64.0.0/10")  # carrier-grade NAT: not reachable from the internet
+
+
 def _ip(value: str, version: int) -> bool:
     try:
         return ipaddress.ip_address(value).version == version
@@ -220,24 +241,19 @@ class SwarmConfig(_Section):
                                                  "address, push own updates to reachable peers, fetch from them.")
     identity_path: Path | None = Field(None, description="Key file; default <run.output_dir>/identity.key.")
     identity_check: bool = Field(True, description="At start, ask the swarm whether another process runs this "
-                                 "key (hivemind's check: one more libp2p daemon and a lookup). gradnode "
-                                 "simulate turns it off for the processes it starts, each with a key "
-                                 "of its own.")
+                                 "key (one more libp2p daemon and a lookup; `gradnode simulate` turns it off).")
     rounds: int = Field(0, ge=0, description="Rounds to train before leaving; 0 means until stopped.")
     deadline_slack: float = Field(1.5, ge=1.0, le=100.0,
                                   description="Round deadline = slack x the median peer's observed round time, "
-                                              "counted from the round's start (its median announcement minus "
-                                              "one median round); a 1.5 slack leaves half a round for stragglers.")
+                                              "counted from the round's start; 1.5 leaves stragglers half a "
+                                              "round.")
     min_deadline_s: float = Field(2.0, gt=0.0, le=3600.0, description="Lower bound on the round deadline, seconds.")
     max_wait_s: float = Field(120.0, gt=0.0, le=86400.0,
                               description="Upper bound on waiting for one round's outcome before giving up on it "
                                           "(skipped rounds keep their content in error feedback).")
     commit_grace_s: float = Field(3.0, ge=0.0, le=600.0,
-                                  description="Least wait, after a peer's own report, for the other eligible "
-                                              "witnesses' reports (a crashed or slow witness costs at most this or "
-                                              "a deadline window, whichever is longer). 3, not 1: at 1 a witness "
-                                              "whose collect ended later (8 peers on 2 cores) reported after some "
-                                              "peers had counted, and the round split (node/SWARM.md).")
+                                  description="Least wait, after this peer's own report, for the other eligible "
+                                              "witnesses' reports (a deadline window when that is longer).")
     record_ttl_s: float = Field(60.0, gt=0.0, le=86400.0, description="Lifetime of membership records in the DHT.")
     bandwidth: str | None = Field(None, description="Cap on this peer's link, e.g. '10mbit' (token bucket in the "
                                                     "transport, each direction).")
@@ -253,14 +269,15 @@ class SwarmConfig(_Section):
     overlap: bool = Field(True, description="Exchange round r while round r+1's inner steps run (one-round-delayed "
                                             "outer update); False waits for each round's exchange.")
     min_steps: int = Field(1, ge=1, le=100_000,
-                           description="Fewest inner steps a slow peer runs before cutting its round at the "
-                                       "swarm's deadline.")
+                           description="Fewest inner steps a slow peer runs before the round's cut time may "
+                                       "end them.")
     min_peers: int = Field(2, ge=1, le=10_000,
-                           description="Training peers (this one included) to see before the first round; a "
-                                       "peer waits for them, saying so, as long as it takes (a swarm already "
-                                       "training counts as enough). With 2 or more a peer never trains alone: "
-                                       "one that sees no other trainer of its run pauses until it does. 1: "
-                                       "training alone is allowed.")
+                           description="Training peers, this one included, a peer must see to train (a swarm "
+                                       "already training counts); it waits for them, saying so. 1: training "
+                                       "alone is allowed.")
+    shutdown_grace_s: float = Field(30.0, ge=0.0, le=3600.0,
+                                    description="After SIGTERM or SIGINT a peer has one round plus this long to "
+                                                "finish its round and checkpoint; then it ends at once.")
     connect_timeout_s: float = Field(60.0, ge=0.0, le=86400.0,
                                      description="How long a starting peer keeps trying its initial peers and "
                                                  "address book when none answers, before it gives up (exit 2).")
@@ -268,19 +285,16 @@ class SwarmConfig(_Section):
                                 description="Training peers the operator expects in the run; `gradnode health` "
                                             "fails while this peer sees fewer. 0: no expectation.")
     catchup_rounds: int = Field(8, ge=0, le=10_000,
-                                description="Rounds of applied updates every peer keeps and serves; a peer that "
-                                            "was away (or restarts from its checkpoint) at most this many rounds "
-                                            "replays them instead of downloading the full state, when that is "
-                                            "smaller. 0 disables replay.")
+                                description="Rounds of applied updates every peer keeps and serves; a peer at "
+                                            "most this many rounds behind replays them when they weigh less "
+                                            "than the state. 0: no replay.")
     state_upload_slots: int = Field(4, ge=1, le=1024,
                                     description="State chunks this peer uploads at once; further requests get "
                                                 "'busy' and go to another donor (joiners spread over donors).")
     own_update_copies: int = Field(2, ge=0, le=1024,
-                                   description="Copies of its own update a peer serves before answering 'busy' "
-                                               "for a moment, so that the others fetch from those who have it "
-                                               "(gossip: bounds the sender's upload of its own update); after "
-                                               "half of swarm.min_deadline_s (at most 2 s) it serves anyone. "
-                                               "0: no cap.")
+                                   description="Copies of its own update a peer serves before answering 'busy', "
+                                               "until half of swarm.min_deadline_s (at most 2 s) has passed; "
+                                               "others fetch from the holders. 0: no cap.")
     ignore_after: int = Field(3, ge=1, le=1000, description="Rejected updates after which a sender is ignored "
                                                             "(its announcements not fetched, its pushes refused).")
     ignore_rounds: int = Field(10, ge=0, le=10**6, description="Rounds a sender stays ignored (0: never ignore).")
@@ -292,57 +306,27 @@ class SwarmConfig(_Section):
                                               "included); more, and pushes of another peer's update, are refused "
                                               "unread.")
     min_stream_bytes_per_s: int = Field(16384, ge=0, le=2**34,
-                                        description="A blob transfer slower than this (after its first second) is "
-                                                    "dropped, and the holder tried last for a minute: a holder that "
-                                                    "trickles bytes costs a second, not a deadline. 0: no floor.")
+                                        description="A blob transfer slower than this after its first second is "
+                                                    "dropped, and its holder tried last for a minute. 0: no floor.")
     score_rows: int = Field(0, ge=0, le=1024,
-                            description="A witness's loss check of every update it receives from another peer: "
-                                        "training windows of its own random drawing on which the update, applied "
-                                        "to the round's shared weights, must not raise the loss (mean gain + "
-                                        "swarm.score_z standard errors >= 0), else the update is counted as "
-                                        "'harmful' and not listed in its report (node/train/score.py). About 4% "
-                                        "of a round's compute per 4 updates at the default model. 0 (the default): "
-                                        "off; 8 to turn it on, not under 4 (2 rows rejected honest updates, "
-                                        "node/ROBUST.md). Off by default: one honest witness's false verdict "
-                                        "(stale updates in the overlapped order) plus one censor, or alone "
-                                        "among two witnesses, kept an honest update out of its round.")
+                            description="Training windows on which a witness checks that an update does not raise "
+                                        "the loss, else leaves it out of its report "
+                                        "(node/train/score.py). 0: off; 4 or more when on.")
     score_z: float = Field(5.0, ge=0.0, le=100.0,
                            description="Standard errors of slack the loss check gives an update before rejecting "
-                                       "it. 5, not bench robust's 3: a swarm's updates reach the witnesses one "
-                                       "round stale (overlap), and at 3 a stale honest update failed 3 checks in "
-                                       "90 (0 in 90 at 5; node/ROBUST.md).")
+                                       "it.")
     push_peers: int = Field(2, ge=1, le=64,
                             description="Reachable peers a client-mode peer pushes each of its updates to; they "
                                         "verify, hold and serve it for everyone else.")
     fault: Literal["none", "corrupt", "forge", "tamper_state", "drift", "tokens", "dense", "slowhold",
                    "intruder", "pushflood", "flood", "replayleave", "equivocate", "crossrun", "sybilvotes", "lowid", "futurestate",
                    "badmomentum", "signflip", "noise", "freerider", "lazy"] = Field(
-        "none", description="Testing aid: 'corrupt' flips bytes of this peer's updates, 'forge' signs them with "
-                            "another key, 'tamper_state' offers altered weights under the honest hash, 'tokens' "
-                            "declares 2^40 tokens per update, 'dense' sends its updates with the dense codec, "
-                            "'slowhold' claims every announced update at once and serves at 128 B/s, 'intruder' "
-                            "joins a permissioned run without an admission certificate, 'pushflood' pushes forged "
-                            "copies of its update, its own name and others', to every peer each round, 'flood' "
-                            "publishes 'training' member records of 8 keys it made (and an oversized value) that "
-                            "never send an update, 'replayleave' stores other peers' old signed 'leaving' records again "
-                            "under keys of its own, 'sybilvotes' runs 8 keys of its making that report a weight hash "
-                            "nobody holds for every round and follow a chain of them, 'crossrun' sends, as its updates, the ones it signed in an "
-                            "earlier run of the same name (its folder's earlier-genesis.json), 'equivocate' publishes two reports for each round (the second naming "
-                            "only its own update), taking turns every 0.1 s for a second, 'lowid' grinds 24 keys for the lowest peer id "
-                            "and reports only its own update (a witness that censors), 'futurestate' offers "
-                            "its state claimed for a round 10^6 ahead (under the hash of that claim) and publishes a "
-                            "chain listing it, 'badmomentum' offers honest weights with its outer momentum scaled by "
-                            "-1000 under the honest hash, 'signflip' sends its own update negated, 'noise' sends "
-                            "Gaussian noise of its update's norm through the codec, 'freerider' sends another peer's "
-                            "update of the previous round, applied then, as its own, 'lazy' trains every round on one "
-                            "fixed batch; honest peers must reject them or bound what they cost. 'drift' "
-                            "nudges this peer's own weights once (at fault_round): its hash check must notice and "
-                            "re-sync it from the majority.")
+        "none", description="Testing aid: how this peer misbehaves on purpose from swarm.fault_round "
+                            "(node/swarm/adversary.py tells each); honest peers must reject it or bound its cost.")
     fault_round: int = Field(1, ge=0, le=2**40, description="Testing aid: the round from which swarm.fault applies.")
     fault_partition_file: Path | None = Field(
-        None, description="Testing aid (`simulate --faults partition:...` without network namespaces): a JSON file "
-                          "{\"blocked\": [peer ids]} this peer re-reads every second; it drops their records, "
-                          "streams and dials, as if the network between them were cut.")
+        None, description="Testing aid: a JSON file {\"blocked\": [peer ids]}, re-read every second; this peer "
+                          "drops their records, streams and dials, as if the network between them were cut.")
     slowdown: float = Field(1.0, ge=1.0, le=100.0,
                             description="Testing aid: make every inner step this many times slower (sleep), "
                                         "but the process's first (torch's start-up).")
@@ -432,9 +416,12 @@ def _fields_at(loc: tuple[Any, ...]) -> list[str]:
     return list(model.model_fields)
 
 
-def format_validation(err: ValidationError, source: str) -> str:
-    """One line per problem, each naming the dotted key; a mistyped key gets the nearest valid one."""
-    lines = [f"invalid config {source}:"]
+def format_validation(err: ValidationError, source: str, origins: dict[str, str] | None = None) -> str:
+    """One line per problem, each naming the dotted key; a mistyped key gets the nearest valid one. A key set by
+    an override is blamed on it (``origins``: dotted key -> where it was set, e.g. '--set inner.lr=1e-3'), the
+    others on ``source``."""
+    origins = origins or {}
+    lines, blamed = [], set()
     for e in err.errors():
         loc = tuple(e["loc"])
         key = ".".join(str(p) for p in loc) or "<root>"
@@ -444,24 +431,35 @@ def format_validation(err: ValidationError, source: str) -> str:
             near = difflib.get_close_matches(str(loc[-1]), allowed, n=1, cutoff=0.6)
             msg = f"unknown key; did you mean `{near[0]}`?" if near else \
                 f"unknown key; the keys here are {', '.join(allowed)}" if allowed else "unknown key"
-        lines.append(f"  {msg}" if e["type"] == "value_error" and key.split(".")[0] in msg else f"  {key}: {msg}")
-    return "\n".join(lines)
+        origin = next((o for k, o in origins.items() if key == k or key.startswith(k + ".")), None)
+        blamed.add(origin or source)
+        line = f"  {msg}" if e["type"] == "value_error" and key.split(".")[0] in msg else f"  {key}: {msg}"
+        lines.append(line + (f" (from {origin})" if origin else ""))
+    head = f"invalid config {source}:" if source in blamed else "invalid setting:" if len(lines) == 1 else \
+        "invalid settings:"
+    return "\n".join([head, *lines])
 
 
-def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
+def config_from_dict(data: dict[str, Any], source: str = "<dict>", origins: dict[str, str] | None = None) -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(format_validation(err, source)) from None
+        raise ConfigError(format_validation(err, source, origins)) from None
 
 
-def load_config(path: Path | str | None, overrides: dict[str, Any] | None = None) -> Config:
-    """Load a YAML or TOML file (None: the embedded default), then apply dotted-key overrides."""
+def load_config(path: Path | str | None, overrides: dict[str, Any] | None = None,
+                origins: dict[str, str] | None = None) -> Config:
+    """Load a YAML or TOML file (None: the embedded default), then apply dotted-key overrides (``origins``: where
+    each was set, named in an error about it)."""
     data: dict[str, Any] = {}
     source = "<default>"
     if path is not None:
         path = Path(path)
         source = str(path)
+        if path.is_dir():
+            found = sorted(p.name for p in path.iterdir() if p.suffix in (".yaml", ".yml", ".toml"))
+            raise ConfigError(f"{path} is a folder: name a config file" +
+                              (f" in it, e.g. {path / found[0]} (it holds {', '.join(found)})" if found else ""))
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
         text = path.read_text()
@@ -474,7 +472,7 @@ def load_config(path: Path | str | None, overrides: dict[str, Any] | None = None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: top level must be a mapping of sections")
         data = loaded
-    return bind_genesis(config_from_dict(with_overrides(data, overrides), source))
+    return bind_genesis(config_from_dict(with_overrides(data, overrides), source, origins))
 
 
 def with_overrides(data: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:

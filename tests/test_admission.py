@@ -21,7 +21,9 @@ from gradnode.node.swarm.membership import Membership
 from gradnode.node.swarm.transport import Transport
 from gradnode.protocol.records import Report, dht_key
 
-pytestmark = pytest.mark.process  # starts processes or daemons (issue 22: selectable for flake-hunt)
+pytestmark = pytest.mark.process  # starts processes or daemons (selectable for flake-hunt: -m process)
+# a well-formed peer address that nobody answers: the checks before any network come first
+SILENT = "/ip4/127.0.0.1/tcp/9/p2p/QmPk5SDMjSGEC5nnj1J7rJpxJeoVK6nFM4JQUEbj8Ux5qR"
 
 RUN = "demo-0123456789abcdef"
 SETS = [f"--set=model.{k}={v}" for k, v in TINY["model"].items()] + ["--set=run.run_id=demo"]
@@ -131,6 +133,7 @@ def test_admit_from_the_command_line_and_a_peer_without_a_certificate_does_not_s
     assert done.returncode == 2 and "is not the authority key" in done.stderr
     # a peer of the permissioned run without a certificate stops before any network, saying what to ask for
     done = gradnode("join", *SETS, "--genesis", str(tmp_path / "run.json"), "--output-dir", str(tmp_path / "p"),
+                    "--initial-peer", SILENT,
                     "--set=swarm.host_maddrs=[/ip4/127.0.0.1/tcp/0]", "--no-eval")
     assert done.returncode == 2 and "admits only peers its authority certified" in done.stderr, done.stderr[-1500:]
 

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from gradnode.node import cli
 from gradnode.node.cli import app
 
-pytestmark = pytest.mark.process  # starts processes or daemons (issue 22: selectable for flake-hunt)
+pytestmark = pytest.mark.process  # starts processes or daemons (selectable for flake-hunt: -m process)
 
 runner = CliRunner()
 # a well-formed peer address that nobody answers (a real peer id; port 9 is discard, closed here)
@@ -59,6 +59,14 @@ def test_help_has_no_type_placeholders_and_describes_every_option(path: list[str
     assert not undescribed, f"options without a description: {undescribed}"
 
 
+def test_top_level_help_lists_what_people_start_with_first_one_line_each() -> None:
+    out = runner.invoke(app, ["--help"], env={"COLUMNS": "110"}).output
+    names = [n for n in cli.COMMANDS if n in out]
+    assert names == list(cli.COMMANDS) and out.index(" simulate ") < out.index(" admit ") < out.index(" check-config ")
+    for name, (_, short) in cli.COMMANDS.items():  # whole, on the command's own line: nothing wraps or is cut
+        assert any(line.startswith(f"│ {name} ") and short in line for line in out.splitlines()), (name, out)
+
+
 def test_version() -> None:
     from gradnode.node import __version__
 
@@ -74,6 +82,20 @@ def test_config_mistakes_name_the_key_without_pydantic_prefixes(tmp_path: Path) 
     assert "Value error" not in result.output
     result = runner.invoke(app, ["train", "--config", str(tmp_path / "missing.yaml")])
     assert result.exit_code == 2 and f"config file not found: {tmp_path / 'missing.yaml'}" in result.output
+
+
+def test_a_config_mistake_is_blamed_on_where_it_was_made(tmp_path: Path) -> None:
+    """A mistyped --set is the override's fault, not the file's; a folder is named as one, with its files."""
+    preset = str(Path(__file__).resolve().parents[1] / "configs" / "tiny-cpu.yaml")
+    result = runner.invoke(app, ["check-config", "-c", preset, "--set", "inner.lrr=1e-3"])
+    assert result.exit_code == 2 and "(from --set inner.lrr=1e-3)" in result.output, result.output
+    assert preset not in result.output
+    (tmp_path / "bad.yaml").write_text("inner:\n  lrr: 1\n")
+    result = runner.invoke(app, ["check-config", "-c", str(tmp_path / "bad.yaml"), "--set", "inner.lr=1e-3"])
+    assert f"invalid config {tmp_path / 'bad.yaml'}:" in result.output and "(from" not in result.output
+    result = runner.invoke(app, ["check-config", "-c", str(tmp_path)])
+    assert result.exit_code == 2 and f"{tmp_path} is a folder: name a config file in it, e.g. " \
+        f"{tmp_path / 'bad.yaml'}" in result.output, result.output
 
 
 def test_logs_after_a_command_go_to_the_stderr_of_the_moment(capsys: pytest.CaptureFixture[str]) -> None:
@@ -139,9 +161,27 @@ def test_port_in_use_and_unwritable_folder(tmp_path: Path) -> None:
         port = s.getsockname()[1]
         done = gradnode("bootstrap", "--host", f"/ip4/127.0.0.1/tcp/{port}", "--set", f"run.output_dir={tmp_path}")
     assert done.returncode == 2 and f"cannot listen on /ip4/127.0.0.1/tcp/{port}: the port is in use" in done.stderr
-    for args in (["join"], ["train"], ["simulate"]):
+    for args in (["join", "--initial-peer", SILENT], ["train"], ["simulate"]):
         result = runner.invoke(app, [*args, "--output-dir", "/proc/gradnode-run"])
         assert result.exit_code == 2 and "cannot write to /proc/gradnode-run" in result.output, result.output
+
+
+def test_join_without_an_initial_peer_says_what_it_needs(tmp_path: Path) -> None:
+    """A join with no initial peer would wait for good; one back in a run folder that knows peers finds them."""
+    result = runner.invoke(app, ["join", "--output-dir", str(tmp_path)])
+    assert result.exit_code == 2 and "join needs --initial-peer MADDR" in result.output, result.output
+
+
+def test_a_peer_says_which_address_to_share_and_why() -> None:
+    lines = cli.address_lines(["/ip4/127.0.0.1/tcp/31337/p2p/QmA", "/ip4/192.168.1.10/tcp/31337/p2p/QmA"])
+    assert lines[0].startswith("share this address") and "open tcp port 31337" in lines[0]
+    assert lines[1] == "/ip4/192.168.1.10/tcp/31337/p2p/QmA"  # the network's address first, loopback after
+    assert "this machine only" in lines[2] and lines[3] == "/ip4/127.0.0.1/tcp/31337/p2p/QmA"
+    assert "--announce /ip4/PUBLIC_IP/tcp/31337" in lines[-1]  # a private address: what NAT needs
+    public = cli.address_lines(["/ip4/1.2.3.4/tcp/4001/p2p/QmA"])  # announced public: nothing more to do
+    assert "reachable from any machine" in public[0] and not any("--announce" in x for x in public)
+    alone = cli.address_lines(["/ip4/127.0.0.1/tcp/9/p2p/QmA"])
+    assert "loopback only" in alone[0] and "/ip4/0.0.0.0/tcp/9" in alone[0]
 
 
 def test_plot_without_matplotlib_stops_before_any_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -168,14 +208,24 @@ def test_live_view_fits_80_columns_and_names_peers_like_the_summary(tmp_path: Pa
     s = sim.SimSettings(peers=8, rounds=500, config=None, out_dir=tmp_path)
     row = {"round": 488, "loss": 3.14159, "hash": "e80a12345678", "applied": 64, "bytes_up": 123_456_789,
            "bytes_down": 987_654_321, "wait_s": 123.45, "rejected": 999, "resyncs": 12}
+    from gradnode.node.swarm.progress import Reporter, Stage
+
     for i in range(7):
         (tmp_path / f"peer-{i}").mkdir()
         (tmp_path / f"peer-{i}" / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    computing = Reporter(tmp_path / "peer-0")
+    computing.stage(Stage.COMPUTING, 489, steps=1000)
+    computing.step(999, 1.5)
+    computing.flush()
+    (tmp_path / "peer-7").mkdir()
+    Reporter(tmp_path / "peer-7").stage(Stage.WAITING_FOR_PEERS, 0, "1 of 2 training peers in sight")
     console = Console(width=80, record=True)
     console.print(sim.live_table(s, time.monotonic() - 3600))
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text
     assert "peer-0" in text and "489/500" in text and "3.142" in text
+    # inner steps within a round, and what a peer that has no round yet waits for
+    assert "999/1000" in text and re.search(r"peer-7 +0/500 .* peers", text), text
     summary = {"rounds": 2, "seconds": 12.3456, "val_loss_first": 5.3232749700546265,
                "val_loss_last": 2.863780230283737, "identical_hashes": True, "link": "none",
                "peers": [{"peer": "QmPeerIdOfTheFirstPeer", "index": 0, "rounds": 2, "final_loss": 2.91234,

@@ -25,7 +25,9 @@ from gradnode.node.train.engine import Engine, initial_weights_hash
 from gradnode.protocol import attach_signature, encode_update, signing_digest
 from gradnode.protocol.genesis import Genesis, GenesisError
 
-pytestmark = pytest.mark.process  # starts processes or daemons (issue 22: selectable for flake-hunt)
+pytestmark = pytest.mark.process  # starts processes or daemons (selectable for flake-hunt: -m process)
+# a well-formed peer address that nobody answers: the checks before any network come first
+SILENT = "/ip4/127.0.0.1/tcp/9/p2p/QmPk5SDMjSGEC5nnj1J7rJpxJeoVK6nFM4JQUEbj8Ux5qR"
 
 SETS = [f"--set=model.{k}={v}" for k, v in TINY["model"].items()] + ["--set=run.run_id=demo"]
 
@@ -81,6 +83,7 @@ def test_a_fresh_peer_with_other_initial_weights_is_refused(tmp_path: Path) -> N
     data["weights_hash"] = "0" * 64  # what another model code or torch version would build
     (tmp_path / "g.json").write_text(json.dumps(data))
     done = gradnode("join", *SETS, "--set=inner.device=cpu", "--genesis", str(tmp_path / "g.json"),
+                    "--initial-peer", SILENT,
                     "--output-dir", str(tmp_path / "peer"), "--set=swarm.host_maddrs=[/ip4/127.0.0.1/tcp/0]",
                     "--no-eval", timeout=180)
     assert done.returncode == 2 and "differs from the run's genesis" in done.stderr, done.stderr[-2000:]

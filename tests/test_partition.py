@@ -35,7 +35,7 @@ def rounds_to_agree(summary: dict, after: int) -> int | None:
 # and how soon, is tested over hundreds of seeds in the simulator (tests/test_virtual.py, partitions); the
 # transport cut once ended 2|2 beside a busy core (a pair stalled max_wait_s in rounds nobody on its chain
 # would report on, while the other pair ran to the end), fixed in the node with the rules the simulator
-# found (node/SWARM.md, "Healed splits").
+# found (docs/notes/swarm.md, "Healed splits").
 def test_a_split_swarm_merges_onto_one_hash_after_the_heal(run_swarm) -> None:
     """4 peers split 2|2 at round 2 (the bootstrap with the first group) and train on as two swarms; the
     network heals at round 8. The peers dial the ones they lost from their address books, see two chains,
@@ -78,10 +78,12 @@ def test_a_peer_alone_waits_for_its_run_and_says_so(tmp_path: Path) -> None:
         swarm.start_peer(0, initial, min_peers=2)
         log_path, end = tmp_path / "peer-0.log", time.monotonic() + 120
         # the line of the wait for trainers (Peer._wait_for_peers), not the connect's retry that starts alike
-        while time.monotonic() < end and "swarm.min_peers=1 trains alone" not in log_path.read_text():
+        while time.monotonic() < end and "swarm.min_peers=1 to train alone" not in log_path.read_text():
             time.sleep(0.5)
         text = log_path.read_text()
-        assert "waiting for peers of run gradnode-tiny: 0 found via /ip4/127.0.0.1/" in text, text[-2000:]
+        assert "waiting for peers of run gradnode-tiny: 1 of the 2 training peers needed in sight (swarm.min_peers " \
+               "counts this one), via /ip4/127.0.0.1/" in text, text[-2000:]
+        assert "run the bootstrap with --train" in text  # what to do, said at once
         time.sleep(5)
         assert not (tmp_path / "peer-0" / "metrics.jsonl").exists()  # not one round trained alone
         swarm.start_peer(1, initial, min_peers=2)

@@ -288,3 +288,65 @@ class Links:
     @staticmethod
     def _link_exists(name: str) -> bool:
         return subprocess.run(["ip", "link", "show", name], capture_output=True).returncode == 0
+
+
+class Hosts:
+    """Two machines on one network, in spirit: two namespaces joined by one veth pair, no bridge and no way
+    to the host (what a test of the README's two-machine commands runs in). A context manager; after
+    ``__enter__``, ``ip[k]`` is host k's address (k = 0, 1). Processes in them must be stopped by their owner
+    before exit; any still there are killed (and reported) so the namespaces go."""
+
+    def __init__(self) -> None:
+        self.tag = f"{os.getpid():x}{_SEQ_LETTERS[next(_SEQ) % len(_SEQ_LETTERS)]}"
+        self.ip: list[str] = []
+        self._made: list[str] = []
+
+    def ns(self, k: int) -> str:
+        return f"gn{self.tag}host{k}"
+
+    def names(self) -> list[str]:
+        """Every namespace and interface name this pair can create (to check that none is left)."""
+        return [self.ns(0), self.ns(1), f"gn{self.tag}v0", f"gn{self.tag}v1"]
+
+    def exec_prefix(self, k: int) -> list[str]:
+        """Prepended to a command to run it on host k (`ip netns exec` execs it: Popen's pid is its own)."""
+        return ["ip", "netns", "exec", self.ns(k)]
+
+    def __enter__(self) -> "Hosts":
+        try:
+            self._create()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def _create(self) -> None:
+        with open(_LOCK, "a") as lock:  # the /24 is checked against the host's: claim it before another run does
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            net = _free_subnet(os.getpid() + 1)
+            for k in (0, 1):
+                _run(["ip", "netns", "add", self.ns(k)])
+                self._made.append(self.ns(k))
+            v0, v1 = f"gn{self.tag}v0", f"gn{self.tag}v1"
+            _run(["ip", "link", "add", v0, "netns", self.ns(0), "type", "veth", "peer", "name", v1, "netns", self.ns(1)])
+            for k, veth in ((0, v0), (1, v1)):
+                ip = str(net[1 + k])
+                _run(["ip", "-n", self.ns(k), "addr", "add", f"{ip}/24", "dev", veth])
+                _run(["ip", "-n", self.ns(k), "link", "set", veth, "up"])
+                _run(["ip", "-n", self.ns(k), "link", "set", "lo", "up"])
+                self.ip.append(ip)
+        log.info("hosts: %s at %s and %s at %s", self.ns(0), self.ip[0], self.ns(1), self.ip[1])
+
+    def close(self) -> None:
+        """Stop what is left in the namespaces and delete them (the veth pair goes with them). Safe to call again."""
+        end = time.monotonic() + 3.0
+        while time.monotonic() < end and any(_pids(ns) for ns in self._made):
+            time.sleep(0.1)
+        for ns in list(self._made):
+            Links._kill_leftovers(ns)
+            _try(["ip", "netns", "del", ns])
+            self._made.remove(ns)

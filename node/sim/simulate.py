@@ -36,7 +36,9 @@ from typing import Any
 
 from gradnode.node import write_json
 from gradnode.node.config import peer_id_of
+from gradnode.node.shutdown import Shutdown, kill_descendants
 from gradnode.node.sim import faults, netns, zygote
+from gradnode.node.swarm import progress
 
 log = logging.getLogger(__name__)
 
@@ -438,9 +440,10 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 # The live view fits 80 columns: short headers, explained once under the table.
-LIVE_COLUMNS = ("peer", "round", "loss", "weights", "upd", "up MB", "dn MB", "wait", "rej", "sync")
-LIVE_LEGEND = ("weights: hash of the shared state; upd: updates applied in the round; wait: seconds the "
-               "round's outcome was waited for; rej: updates rejected; sync: re-syncs")
+LIVE_COLUMNS = ("peer", "round", "loss", "hash", "upd", "up MB", "dn MB", "wait", "rej", "sync", "now")
+LIVE_LEGEND = ("hash: of the shared weights; upd: updates applied in the round; wait: seconds the "
+               "round's outcome was waited for; rej: updates rejected; sync: re-syncs; now: what the peer "
+               "does (step: its inner step)")
 
 
 def peer_name(index: int) -> str:
@@ -452,19 +455,21 @@ def live_table(s: SimSettings, started: float) -> Any:
     from rich.table import Table
 
     t = Table(title=f"gradnode simulate: {s.peers} peers, {time.monotonic() - started:.0f} s", box=box.SIMPLE_HEAD,
-              pad_edge=False,
+              pad_edge=False, collapse_padding=True,
               caption=LIVE_LEGEND, caption_justify="left")
     for col in LIVE_COLUMNS:
         t.add_column(col, justify="left" if col == "peer" else "right", no_wrap=True)
     for i in range(s.peers):
         rows = read_metrics(s.out_dir / peer_name(i) / "metrics.jsonl")
+        now = progress.read(s.out_dir / peer_name(i))
+        doing = now.short() if now is not None else "start"
         if not rows:
-            t.add_row(peer_name(i), "start", "-", "-", "", "", "", "", "", "")
+            t.add_row(peer_name(i), f"0/{s.rounds}", "-", "-", "", "", "", "", "", "", doing)
             continue
         r = rows[-1]
         t.add_row(peer_name(i), f"{r['round'] + 1}/{s.rounds}", f"{r['loss']:.3f}" if r["loss"] else "-",
                   (r["hash"] or "")[:6], str(r["applied"]), f"{r['bytes_up'] / 1e6:.1f}",
-                  f"{r['bytes_down'] / 1e6:.1f}", f"{r['wait_s']:.1f}", str(r["rejected"]), str(r["resyncs"]))
+                  f"{r['bytes_down'] / 1e6:.1f}", f"{r['wait_s']:.1f}", str(r["rejected"]), str(r["resyncs"]), doing)
     return t
 
 
@@ -493,7 +498,7 @@ def run(s: SimSettings, *, live: bool = True, on_swarm: Any = None, console: Any
     if partition:
         log.info("partitions: %s", "network namespaces, routes cut" if partition == "netns" else
                  "in the transport (no network namespaces here)")
-    with _sigterm_unwinds(), contextlib.ExitStack() as stack:
+    with _signals_unwind(), contextlib.ExitStack() as stack:
         # exits in reverse: the processes are stopped before their namespaces go
         rate = s.bandwidth if link == "netns" else None
         links = stack.enter_context(netns.Links(s.peers, rate)) if link == "netns" or partition == "netns" else None
@@ -539,22 +544,29 @@ def run(s: SimSettings, *, live: bool = True, on_swarm: Any = None, console: Any
     return {**collect(s, time.monotonic() - started, starts), "link": link, "partition": partition}
 
 
+class Interrupted(KeyboardInterrupt):
+    """A signal ended the simulation; its processes are stopped."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
 @contextlib.contextmanager
-def _sigterm_unwinds() -> Iterator[None]:
-    """SIGTERM raises SystemExit while the swarm runs, so that the `with` blocks stop the processes and
-    remove the namespaces, as on Ctrl+C (Python's default would exit without either)."""
+def _signals_unwind() -> Iterator[None]:
+    """The first SIGTERM or SIGINT raises Interrupted while the swarm runs, so that the `with` blocks stop the
+    processes (each gets SIGTERM and swarm.stop_all's grace) and remove the namespaces (Python's default
+    SIGTERM would exit without either). A second signal kills every process below this one at once, so that
+    the unwinding does not wait out the grace."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def _raise(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)
+    def _raise(signum: int) -> None:
+        raise Interrupted(signum)
 
-    previous = signal.signal(signal.SIGTERM, _raise)
-    try:
+    with Shutdown(on_request=_raise, at_once=lambda _signum: kill_descendants()):
         yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def collect(s: SimSettings, seconds: float, starts: dict[str, list[int]] | None = None) -> dict[str, Any]:
@@ -562,7 +574,7 @@ def collect(s: SimSettings, seconds: float, starts: dict[str, list[int]] | None 
     resyncs); identical final hashes are judged among the honest peers alive at the end (those that
     finished every round)."""
     peers = []
-    val_first = val_last = None
+    val_first = val_last = measure = None
     starts = starts or {}
     schedule = faults.parse(s.faults, s.peers, s.rounds, s.seed or 0)
     for i in range(s.peers):
@@ -577,7 +589,7 @@ def collect(s: SimSettings, seconds: float, starts: dict[str, list[int]] | None 
             continue
         d = json.loads(path.read_text())
         if d.get("val_loss_first") is not None and val_first is None:
-            val_first, val_last = d["val_loss_first"], d["val_loss_last"]
+            val_first, val_last, measure = d["val_loss_first"], d["val_loss_last"], d.get("val_loss_measure")
         peers.append({"peer": d["peer"], "index": i, "final_loss": d["final_loss"], "param_hash": d["param_hash"],
                       "rounds": d["rounds"], "bytes_up": d["bytes_up"], "bytes_down": d["bytes_down"],
                       "utilization": round(d["utilization"], 4), "rejected_updates": d["rejected_updates"],
@@ -597,6 +609,7 @@ def collect(s: SimSettings, seconds: float, starts: dict[str, list[int]] | None 
     losses = [r["loss"] for r in read_metrics(s.out_dir / f"peer-{s.eval_index or 0}" / "metrics.jsonl")
               if r.get("loss") is not None]
     return {"peers": peers, "rounds": rounds, "val_loss_first": val_first, "val_loss_last": val_last,
+            "val_loss_measure": measure,
             "train_loss_first": losses[0] if losses else None, "train_loss_last": losses[-1] if losses else None,
             "live_peers": len(live), "identical_hashes": bool(live) and len({p["param_hash"] for p in live}) == 1,
             "seconds": round(seconds, 1), "faults": s.faults, "seed": s.seed, "out_dir": str(s.out_dir)}
@@ -629,8 +642,9 @@ def print_summary(summary: dict[str, Any], console: Any = None) -> None:
     def r3(x: float | None) -> str:
         return "-" if x is None else f"{x:.3f}"
 
+    measure = f" {summary['val_loss_measure']}" if summary.get("val_loss_measure") else ""  # its unit and bytes
     t = Table(title=f"{summary['rounds']} rounds in {summary['seconds']:.0f} s; val loss "
-                    f"{r3(summary['val_loss_first'])} -> {r3(summary['val_loss_last'])}; identical weights: "
+                    f"{r3(summary['val_loss_first'])} -> {r3(summary['val_loss_last'])}{measure}; identical weights: "
                     f"{'yes' if summary['identical_hashes'] else 'NO'}; link shaping: {summary.get('link', 'none')}",
               box=box.SIMPLE_HEAD)
     for col in ("peer", "id", "rounds", "loss", "weights", "up MB", "dn MB", "util", "rej"):

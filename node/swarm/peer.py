@@ -26,7 +26,6 @@ import logging
 import math
 import os
 import random
-import signal
 import threading
 import time
 from collections.abc import Collection
@@ -35,18 +34,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from gradnode.node.config import Config, peer_id_of
-from gradnode.node.swarm import admission, adversary, finished, health
+from gradnode.node.shutdown import Shutdown
+from gradnode.node.swarm import admission, adversary, events, finished, health
 from gradnode.node.swarm.addressbook import AddressBook, with_peer_id
 from gradnode.node.swarm.agreement import abstain
 from gradnode.node.swarm.chores import Chores, off_majority
 from gradnode.node.swarm.clock import Clock
 from gradnode.node.swarm.equivocation import Equivocators, OwnReports
+from gradnode.node.swarm.events import Kind
 from gradnode.node.swarm.exchange import Outcome, Rejections, RoundExchange
 from gradnode.node.swarm.rules import UpdateRules
 from gradnode.node.swarm.history import RoundLog
 from gradnode.node.swarm.identity import Identity, load_or_create
 from gradnode.node.swarm.membership import Membership
-from gradnode.node.swarm.metrics import Exporter, Gauges, RoundSinks
+from gradnode.node.swarm.metrics import Exporter, Gauges, Role, RoundSinks
+from gradnode.node.swarm.progress import Reporter, Stage
 from gradnode.node.swarm.report import PeerSummary, Phases, Tally, append_metrics
 from gradnode.node.swarm.sync import Sync
 from gradnode.node.swarm.transport import Transport, TransportError
@@ -70,6 +72,7 @@ FINISHED_TTL_S = 7 * 86400.0  # how long a peer's 'finished' record outlives it 
 UNSURE_LOOKS = 2  # looks in a row that an initial peer did not answer and that found the run not over, taken as no
 # answer (the run's end kept by a silent bootstrap); one more goes by the records it read (a dead initial peer). Each
 # waits twice as long as the one before for the initial peers' answers (finished.FETCH_S, then 10 s, 20 s)
+CONNECT_SAY_S = 10.0  # a peer that reaches nobody at its start says so, and tries again, at most this far apart
 HEARTBEAT_S = 10.0  # member record refresh and re-dialling of absent peers, at most this far apart
 KEEP_S = 5.0  # a bootstrap looks this often whether its kept records are due for a refresh (_keep_run_records)
 DIAL_WINDOW_S = 6 * 3600.0  # address-book peers seen within this are re-dialled while absent
@@ -115,9 +118,11 @@ class Peer:
         self.engine: Engine | None = None
         self.clock: Clock | None = None  # made by start()
         self.stop, self.leaving = threading.Event(), threading.Event()
+        self.signalled = False  # SIGTERM or SIGINT asked this peer to end
         self.rejections = Rejections(self.sw.ignore_after, self.sw.ignore_rounds)
         self.metrics_path, self.do_eval = metrics_path, evaluate
         self.tally, self.phases, self.history = Tally(), Phases(), RoundLog()
+        self.progress = Reporter(cfg.run.output_dir)  # what it does right now, for the people watching
         self.last_loss: float | None = None
         self.last_stats: RoundStats | None = None
         self.val_first: float | None = None
@@ -125,7 +130,7 @@ class Peer:
         self.saved_round = -1
         self.book = AddressBook(cfg.run.output_dir / "addressbook.json", self.identity.peer_id)
         self.chains = health.ChainView()  # the chains among the live trainers, as last looked at
-        self.gauges = Gauges(role="serve" if self.sw.serve_only else "train", tally=self.tally,
+        self.gauges = Gauges(role=Role.SERVE if self.sw.serve_only else Role.TRAIN, tally=self.tally,
                              rejected=self.rejections.by_sender,
                              traffic=lambda: (self.transport.bytes_up, self.transport.bytes_down))
         self.gauges.refresh = self._refresh_gauges
@@ -145,20 +150,28 @@ class Peer:
 
     # --- lifecycle --------------------------------------------------------------------------------
 
-    def install_signal_handlers(self) -> None:
-        def handler(signum: int, _frame: Any) -> None:
-            log.info("signal=%d: announcing departure, finishing the round and checkpointing", signum)
+    def install_signal_handlers(self) -> Shutdown:
+        """SIGTERM or SIGINT (to this process or its group): announce the departure at once (nobody waits for
+        this peer any more), stop the inner steps, finish the pending round and checkpoint, within one round
+        plus swarm.shutdown_grace_s; a second signal ends the process at once (node/shutdown.py)."""
+        def leave(_signum: int) -> None:
+            self.signalled = True
             self.stop.set()
             if self.membership is not None and not self.leaving.is_set():
                 self.leaving.set()
                 # not from the handler itself: the main thread may hold the DHT lock right now
                 threading.Thread(target=self._publish_member, args=(False,), name="leave", daemon=True).start()
-        signal.signal(signal.SIGINT, handler)
-        signal.signal(signal.SIGTERM, handler)
+        return Shutdown(on_request=leave, grace_s=self._shutdown_grace_s).install()
+
+    def _shutdown_grace_s(self) -> float:
+        """How long a stopping peer may take: one round, as the round clock last measured it, plus the grace."""
+        round_s = self.clock.round_seconds() if self.clock is not None and not self.sw.serve_only else 0.0
+        return round_s + self.sw.shutdown_grace_s
 
     def start(self) -> None:
         self.transport.on_push = self._accept_push
         gate, cert = admission.from_config(self.cfg, self.identity, self.transport.now)  # before any network
+        self._check_genesis_weights()
         self.exporter.start()  # a port in use fails here, before any network too
         self.sinks = RoundSinks(self.cfg.metrics, self.cfg.run.run_id, self.identity.peer_id)
         self._connect()
@@ -185,21 +198,26 @@ class Peer:
         self._publish_member(training=not self.sw.serve_only)
 
     def _connect(self) -> None:
-        """Start the transport through the initial peers and the address book; while none answers, say so
-        and try again for swarm.connect_timeout_s (a bootstrap being restarted comes back). A taken port or a
-        refused address fails at once: waiting does not change it."""
+        """Start the transport through the initial peers and the address book; while none answers, try again,
+        waiting twice as long each time (at most CONNECT_SAY_S, which is also how often it says so), until
+        swarm.connect_timeout_s is up (a bootstrap being restarted comes back). A taken port or a refused address
+        fails at once: waiting does not change it."""
         extra = [m for peer, maddrs in self.book.newest(8) for m in with_peer_id(peer, maddrs)]
         end = time.monotonic() + self.sw.connect_timeout_s
+        pause, said = 2.0, -math.inf
         while True:
             try:
                 self.transport.start(extra_peers=extra)
                 return
             except TransportError as err:
-                if not err.unanswered or self.stop.is_set() or time.monotonic() + 2.0 > end:
+                if not err.unanswered or self.stop.is_set() or time.monotonic() + pause > end:
                     raise
-                log.warning("waiting for peers of run %s: 0 found via %s (%s); trying again for %.0f s",
-                            self.cfg.run.run_id, self._via(), str(err).split(":")[0], end - time.monotonic())
-                self.stop.wait(2.0)
+                if time.monotonic() - said >= CONNECT_SAY_S:
+                    said = time.monotonic()
+                    log.warning("cannot reach run %s yet: no answer via %s; trying again for %.0f s more "
+                                "(swarm.connect_timeout_s)", self.cfg.run.run_id, self._via(), end - time.monotonic())
+                self.stop.wait(pause)
+                pause = min(2 * pause, CONNECT_SAY_S)
 
     def _via(self) -> str:
         known = len(self.book.entries)
@@ -290,7 +308,8 @@ class Peer:
         self.skew = found if found.peers else None
         if found.off():
             log.warning("%s: records look %s to this peer", health.clock_words(found),
-                        "expired early" if found.ahead_s > 0 else "to live longer")
+                        "expired early" if found.ahead_s > 0 else "to live longer",
+                        extra=events.tag(Kind.CLOCK, ahead_s=round(found.ahead_s, 3)))
 
     def _keep_connected(self) -> None:
         """Note who is in sight in the address book, and dial the known peers that are not (back-off per
@@ -365,29 +384,42 @@ class Peer:
         if resume:
             self.tally.resumed_round = self.saved_round = self.engine.round
             self._state_since = checkpoint.made_at(ckpt, self.engine.round) or self._state_since
-        elif cfg.run.genesis is not None:
-            self._check_genesis_weights()
         self.rules = UpdateRules.of(cfg, {n: tuple(t.shape) for n, t in self.engine.global_params.items()})
         self.sync = Sync(engine=self.engine, history=self.history, members=self.membership, transport=self.transport,
                          cfg=self.sw, rules=self.rules, tally=self.tally, stop=self.stop)
         self._wait_for_peers(resumed=resume)
         if self.stop.is_set():  # stopping, or the run is over (_ended_without_us)
             return
+        self.progress.stage(Stage.GETTING_LEVEL, self.engine.round, "the newest state the swarm offers")
         self._sync_state(reason="join")
         self.tally.joined_round = self.engine.round
+        log.info("training from round=%d of %s", self.engine.round, self.sw.rounds or "no set number of rounds",
+                 extra=events.tag(Kind.START, peer=self.identity.peer_id, run=self.cfg.run.run_id,
+                                  rounds=self.sw.rounds, version=_version(),
+                                  metrics=str(self.metrics_path.resolve()) if self.metrics_path else None))
         self._publish_member(training=True)
         if self.do_eval:
+            self.progress.stage(Stage.EVALUATING, self.engine.round, "before training")
             self.val_first = self.engine.evaluate()
+            log.info("round=%d val_loss=%.4f (before training)", self.engine.round, self.val_first,
+                     extra=events.tag(Kind.EVAL, rounds_applied=self.engine.round, val_loss=self.val_first))
 
     def _check_genesis_weights(self) -> None:
-        """A fresh peer starts from the weights the run's genesis names (same model code, config and seed)."""
+        """A fresh peer starts from the weights the run's genesis names (same model code, config and seed). It is
+        checked before any network, so that a machine whose torch builds other weights says so at once; a peer
+        that resumes a checkpoint holds the run's weights already."""
         from gradnode.node.config import ConfigError
+        from gradnode.node.train import checkpoint
+        from gradnode.node.train.engine import initial_weights_hash
         from gradnode.protocol.genesis import Genesis
 
-        want = Genesis.from_json(self.cfg.run.genesis.read_bytes()).weights_hash
-        if self.engine.param_hash() != want:
-            raise ConfigError(f"initial weights hash {self.engine.param_hash()[:16]} differs from the run's genesis "
-                              f"({want[:16]}): another gradnode or torch version builds this model differently")
+        ckpt = self.cfg.run.output_dir / "checkpoints"
+        if self.cfg.run.genesis is None or self.cfg.checkpoint.resume and checkpoint.list_checkpoints(ckpt):
+            return
+        want, got = Genesis.from_json(self.cfg.run.genesis.read_bytes()).weights_hash, initial_weights_hash(self.cfg)
+        if got != want:
+            raise ConfigError(f"initial weights hash {got[:16]} differs from the run's genesis ({want[:16]}): another "
+                              "gradnode or torch version builds this model differently")
 
     def _in_flight(self, pending: RoundExchange | None) -> int:
         """1 when ``pending`` will move the engine on a round; 0 when there is none, or when a re-sync
@@ -408,8 +440,19 @@ class Peer:
     def _compute(self, round_: int) -> RoundStats:
         """Inner steps for ``round_``, stopped by the round clock (a slow peer runs fewer)."""
         should_stop = self.clock.for_round(round_)
+        self.progress.stage(Stage.COMPUTING, round_, steps=self.cfg.inner.steps)
+        steps, last = 0, time.monotonic()
+
+        def counted() -> bool:  # asked before every inner step: the step it lets run is the next one
+            nonlocal steps, last
+            if should_stop():
+                return True
+            now, steps = time.monotonic(), steps + 1
+            self.progress.step(steps, now - last if steps > 1 else self.clock.step_s)
+            last = now
+            return False
         try:
-            stats = self.engine.inner_round(should_stop=should_stop)
+            stats = self.engine.inner_round(should_stop=counted)
         finally:
             should_stop.close()
         self.tally.inner_s += stats.seconds
@@ -440,19 +483,19 @@ class Peer:
         """Learn the decision of a round we abstained from, exactly as the others reached it."""
         return self._exchange(round_, None, 0)
 
-    def _chain_seed(self, round_: int) -> str:
+    def _chain_base(self, round_: int) -> str:
         """The chain round ``round_``'s reports are made on: the state the previous round agreed on (ours, now)."""
         return self.history.hashes.get(round_ - 1) or self.engine.state_hash()
 
     def _exchange(self, round_: int, blob: bytes | None, tokens: int) -> RoundExchange:
         assert self.engine.round == round_, (self.engine.round, round_)
-        seed = self._chain_seed(round_)
+        base = self._chain_base(round_)
         # a report is final: back from a restart within a round it reported on, a peer does not report again
-        witness = blob is not None and self.own_reports.first(round_, seed)
+        witness = blob is not None and self.own_reports.first(round_, base)
         ex = RoundExchange(transport=self.transport, membership=self.membership, cfg=self.sw,
                            run_id=self.cfg.run.run_id, round_=round_, blob=blob, tokens=tokens,
                            round_seconds=self.clock.round_seconds(), rules=self.rules, rejections=self.rejections,
-                           stop=threading.Event(), seed=seed, leaving=self.leaving, witness=witness,
+                           stop=threading.Event(), base=base, leaving=self.leaving, witness=witness,
                            eligible=eligible_witnesses(self.engine.contributors, round_),
                            equivocators=self.equivocators, judge=self._judge(round_))
         ex.start()
@@ -539,6 +582,8 @@ class Peer:
         """Wait for round r's decision and apply it."""
         ex = self._on_the_chain_held(ex)
         t0 = time.monotonic()
+        self.progress.stage(Stage.WAITING_FOR_ROUND, ex.round, f"{len(ex.verified)} update(s) verified so far; given up "
+                            f"after swarm.max_wait_s={self.sw.max_wait_s:.0f} s", quiet=ex.round > self.tally.joined_round)
         outcome = ex.result(timeout=self.sw.max_wait_s + 10)
         wait = time.monotonic() - t0
         self.tally.wait_s += wait
@@ -555,11 +600,11 @@ class Peer:
         applies what the others decide on the chain held, as for a round sat out."""
         if ex.round != self.engine.round:
             return ex  # the engine moved past it: _apply drops the outcome
-        held = self._chain_seed(ex.round)
-        if ex.agreement.seed == held:
+        held = self._chain_base(ex.round)
+        if ex.agreement.base == held:
             return ex
         log.warning("round=%d was exchanged on hash=%s; the state adopted since holds hash=%s: observing the "
-                    "round on it", ex.round, ex.agreement.seed[:12], held[:12])
+                    "round on it", ex.round, ex.agreement.base[:12], held[:12])
         self._note_workers(ex)  # what it verified on the chain left: peers working beside this one
         ex.stop_event.set()
         return self._observe(ex.round)
@@ -596,7 +641,8 @@ class Peer:
         every = self.cfg.metrics.eval_every
         if every and t.rounds_done % every == 0:
             self.val_last = self.engine.evaluate()
-            log.info("round=%d val_loss=%.4f", ex.round, self.val_last)
+            log.info("round=%d val_loss=%.4f", ex.round, self.val_last,
+                     extra=events.tag(Kind.EVAL, rounds_applied=ex.round + 1, val_loss=self.val_last))
         self._write_metrics(ex.round, outcome, wait)
 
     def _return_own(self, ex: RoundExchange) -> None:
@@ -632,14 +678,14 @@ class Peer:
             chain.adoptable({p: t for p, t in found.chains.tails.items() if p != me}) or ())
         act = sync_rules.after_hash_check(off, self.follow, self.chains.standing if found.chains is not None else None,
                                           elsewhere)
-        if off and act is None:
+        if off and act is chain.Move.STAY:
             log.info("weight hash of round=%d differs from the majority, but this peer's chain wins by the "
                      "chain rule (%d of %d trainers): staying", found.mismatch, self.chains.mine, self.chains.trainers)
-        if act == "resync":
+        if act is chain.Move.RESYNC:
             log.warning("weight hash of round=%d differs from the majority and this peer is off the winning "
                         "chain: re-syncing", found.mismatch)
             self._sync_state(reason="hash mismatch", force=True)
-        elif act == "look again":
+        elif act is chain.Move.LOOK_AGAIN:
             self._follow_winning_chain()
 
     def _follow_winning_chain(self) -> bool:
@@ -702,17 +748,21 @@ class Peer:
         return time.monotonic() - t_start
 
     def _wrap_up(self, wall: float) -> PeerSummary:
+        self.progress.stage(Stage.FINISHING, self.engine.round, "a checkpoint, the last hash check, serving the others")
         if self.saved_round != self.engine.round:
             self._save_checkpoint()
         if self._last_round_off_majority():  # no next round's hash check will repair the last one
             self._save_checkpoint()
         reached = bool(self.sw.rounds) and self.engine.round >= self.sw.rounds
         said = self._say_finished() if reached else None
-        if self.do_eval:
+        if self.do_eval and not self.signalled:  # a signal asks for a checkpoint and an end, not a figure
             self.val_last = self.engine.evaluate()
         self._linger()
         if said is not None and said != self.engine.state_hash():  # lingering, it adopted another chain's state
             self._say_finished()
+        log.info("run %s for this peer at round=%d", "over" if reached else "stopped", self.engine.round,
+                 extra=events.tag(Kind.END, rounds_applied=self.engine.round, reached=reached,
+                                  val_loss=self.val_last if self.do_eval else None))
         return self._summary(wall)
 
     def _say_finished(self) -> str:
@@ -867,10 +917,17 @@ class Peer:
                     said = True
                 self.stop.wait(1.0)
                 continue
+            self.progress.stage(Stage.WAITING_FOR_PEERS, self.engine.round if self.engine else 0,
+                                f"{len(others) + 1} of {self.sw.min_peers} training peers in sight", quiet=True)
             if time.monotonic() >= next_say:
                 clock = self.skew
-                log.warning("waiting for peers of run %s: %d found via %s (need %d; swarm.min_peers=1 trains "
-                            "alone)%s", self.cfg.run.run_id, len(others), self._via(), self.sw.min_peers,
+                serving = sum(1 for p, m in members.items() if p != me and not m.training)
+                log.warning("waiting for peers of run %s: %d of the %d training peers needed in sight (swarm.min_peers "
+                            "counts this one), via %s%s; start another `gradnode join`, run the bootstrap with "
+                            "--train, or set swarm.min_peers=1 to train alone%s", self.cfg.run.run_id,
+                            len(others) + 1, self.sw.min_peers, self._via(),
+                            f"; {serving} peer{'s' if serving > 1 else ''} in sight only serve{'' if serving > 1 else 's'}"
+                            if serving else "",
                             f"; {health.clock_words(clock)}" if clock is not None and clock.off() else "")
                 next_say = time.monotonic() + 10.0
                 if running:
@@ -930,7 +987,7 @@ class Peer:
                 # of a run those who agree with us may have left already (a finished honest peer, alone with a
                 # censor in sight, followed it)
                 st = self._look_at_chains().standing
-                if self.follow.step(st if not st.tie else replace(st, on_winner=True), False) == "look again" \
+                if self.follow.step(st if not st.tie else replace(st, on_winner=True), False) is chain.Move.LOOK_AGAIN \
                         and self._follow_winning_chain():
                     self._publish_member(training=True)  # the others see our new chain at once
             votes = self.membership.votes()
@@ -956,8 +1013,8 @@ class Peer:
         """Fill in what the metrics port serves beyond the tally (heartbeat, every round, and scrapes)."""
         g, eng = self.gauges, self.engine
         members = self.membership.fresh() if self.membership is not None else {}
-        g.peers_seen = {"train": sum(m.training for m in members.values()),
-                        "serve": sum(not m.training for m in members.values())}
+        g.peers_seen = {Role.TRAIN: sum(m.training for m in members.values()),
+                        Role.SERVE: sum(not m.training for m in members.values())}
         g.bad_records = sum(self.membership.bad_records.values()) if self.membership is not None else 0
         if eng is not None:
             g.round = eng.round
@@ -989,7 +1046,8 @@ class Peer:
             "phase_s": self.phases.totals(), "leaving": sorted(self.membership.leaving()), "time": time.time(),
             "screened": {sc.sender: sc.reason for sc in self.engine.last_screens if sc.reason},
             "banned": self.engine.reputation.banned(),
-            "val_loss": self.gauges.val_loss, "utilization": round(self.gauges.utilization(), 4)}
+            "val_loss": self.gauges.val_loss, "utilization": round(self.gauges.utilization(), 4),
+            "contributed": t.contributed, "excluded": t.own_excluded, "abstained": t.abstained}
         append_metrics(self.metrics_path, row)
         if self.sinks is not None:
             self.sinks.log(row)

@@ -116,8 +116,8 @@ def fresh_locks() -> None:
     the DHT process it forks. A process forked from another that imported hivemind (gradnode simulate's zygote)
     shares its parent's: every process of a swarm shared one set, and a process killed -9 while holding one (the
     result pipe's, taken for every result the DHT process hands back) left every other's DHT blocked on it for
-    good: DHT reads timed out everywhere and restarted processes' DHTs never came up (stop 34's and stop 36's
-    kill/restart hangs; tests/test_zygote.py). Call it in such a child before any DHT starts."""
+    good: DHT reads timed out everywhere and restarted processes' DHTs never came up (tests/test_zygote.py holds
+    the case). Call it in such a child before any DHT starts."""
     import multiprocessing
 
     from hivemind.utils.asyncio import _AsyncContextWrapper
@@ -350,6 +350,7 @@ class Transport:
         self.reads_shared = 0  # DHT reads answered from a read of the same key less than READ_SHARE_S old
         self._closed = False
         self._sockdir: str | None = None
+        self._maddrs: list[str] | None = None  # the addresses last visible (maddrs)
         self.blocked: frozenset[str] = frozenset()  # testing aid: peers of a simulated partition (see _watch_cut)
 
     # --- lifecycle -------------------------------------------------------------------------------------
@@ -462,11 +463,21 @@ class Transport:
         return self._dht.peer_id.to_base58()
 
     def maddrs(self) -> list[str]:
-        """Addresses others can dial; none for a client-mode peer."""
+        """Addresses others can dial; none for a client-mode peer. Asked of the DHT process with a time limit
+        (hivemind's own call waits for good on a DHT process that has exited): the last answer on failure."""
         assert self._dht is not None
         if self.cfg.client_mode:
             return []
-        return [str(m) for m in self._dht.get_visible_maddrs()]
+        try:
+            self._check_dht_alive()
+            found = self._dht.run_coroutine(functools.partial(hivemind.DHT._get_visible_maddrs, latest=False),
+                                            return_future=True).result(10.0)
+            self._maddrs = [str(m) for m in found]
+        except Exception as err:
+            log.debug("visible maddrs failed: %r", err)
+            if self._maddrs is None:
+                raise
+        return list(self._maddrs)
 
     def _run(self, coro, timeout: float):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
@@ -498,6 +509,13 @@ class Transport:
     def now(self) -> float:
         return get_dht_time()
 
+    def _check_dht_alive(self) -> None:
+        """TransportError at once when the DHT process is gone (a signal to the process group ends it, and the
+        libp2p daemon too): a call to it would wait out its whole timeout, and a stopping peer makes several."""
+        assert self._dht is not None
+        if not self._dht.is_alive():
+            raise ConnectionError(f"the DHT process has exited (code {self._dht.exitcode})")
+
     def store(self, key: str, value: bytes, ttl: float, timeout: float = 10.0, owner: Identity | None = None) -> bool:
         """Store ``value`` under ``key`` in this peer's owner-protected subkey (or ``owner``'s, one of
         ``signs_for``); False on failure."""
@@ -507,6 +525,7 @@ class Transport:
         subkey = (self._validator if owner is None else self._validator.signers[owner.peer_id]).local_public_key
         t0 = time.monotonic()
         try:
+            self._check_dht_alive()
             with self._dht_lock:
                 fut = self._dht.store(key, value, self.now() + ttl, subkey=subkey, return_future=True)
             return bool(fut.result(timeout))
@@ -554,6 +573,7 @@ class Transport:
         it expires later than the value there (hivemind keeps the later of the two)."""
         t0 = time.monotonic() if t0 is None else t0
         try:
+            self._check_dht_alive()
             with self._dht_lock:
                 fut = self._dht.get(key, latest=True, return_future=True)
             found = fut.result(timeout)
@@ -841,7 +861,7 @@ class Transport:
             return {}
         answered = dict(self._each(targets, connect, deadline=time.monotonic() + timeout, what="dial", failed=False))
         for peer, ok in answered.items():
-            if ok:  # in the DHT's own process: its routing table and the other side's learn each other
+            if ok and self._dht.is_alive():  # in the DHT's process: its routing table and the other's learn each other
                 self._dht.run_coroutine(functools.partial(_dht_ping, peer=peer), return_future=True)
         return answered
 

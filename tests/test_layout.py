@@ -5,11 +5,13 @@ names every module that exists."""
 from __future__ import annotations
 
 import ast
+import re
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # a module may import its own layer and the layers before it, never one after it
-LAYERS = ["gradnode.protocol", "gradnode.node.config", "gradnode.node.train", "gradnode.node.swarm", "gradnode.node.status",
+LAYERS = ["gradnode.protocol", "gradnode.node.config", "gradnode.node.shutdown", "gradnode.node.train", "gradnode.node.swarm", "gradnode.node.status",
           "gradnode.node.sim", "gradnode.node.bench", "gradnode.node.cli"]
 
 
@@ -72,17 +74,33 @@ def test_no_import_cycles() -> None:
             visit(n, [])
 
 
-def test_architecture_section_names_every_module() -> None:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Architecture"):]
-    section = section[:section.index("\n## ", 1)]
+def test_the_architecture_page_names_every_module() -> None:
+    """docs/architecture.md names every module that exists, and only modules that exist (the README does not)."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
     missing = [str(p.relative_to(ROOT)) for name, p in modules().items()
-               if p.name != "__init__.py" and str(p.relative_to(ROOT)) not in section]
-    assert not missing, f"README's architecture section does not name: {missing}"
-    for path in [w.strip("`") for w in section.split() if w.strip("`,.;:()").endswith(".py")]:
-        path = path.strip("`,.;:()")
-        if "/" in path:
-            assert (ROOT / path).is_file(), f"README's architecture section names {path}, which does not exist"
+               if p.name != "__init__.py" and f"`{p.relative_to(ROOT)}`" not in page]
+    assert not missing, f"docs/architecture.md does not name: {missing}"
+    for path in re.findall(r"`((?:node|protocol)/[\w/]+\.(?:py|c))`", page):
+        assert (ROOT / path).is_file(), f"docs/architecture.md names {path}, which does not exist"
+
+
+def test_no_document_outside_the_notes_speaks_of_work_sessions_or_issues() -> None:
+    """Documents speak of the project only: its measured history lives in docs/notes/."""
+    pattern = re.compile(r"\b(?:stops?|[Ii]ssues?) [0-9]+")
+    docs = [p for p in ROOT.rglob("*.md") if ".venv" not in p.parts and "notes" not in p.relative_to(ROOT).parts[:2]
+            and not p.relative_to(ROOT).parts[0].startswith(".")]
+    found = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in docs for m in pattern.finditer(p.read_text())]
+    assert docs and not found, found
+
+
+def test_no_code_speaks_of_work_sessions_or_issues() -> None:
+    """Comments and docstrings state a rule, its figures and how they were measured, never the work session
+    that measured them."""
+    pattern = re.compile(r"\b(?:stops?|[Ii]ssues?) [0-9]+")
+    files = [p for folder in ("node", "protocol", "tests", "scripts", "configs") for p in (ROOT / folder).rglob("*")
+             if p.suffix in (".py", ".yaml", ".yml", ".toml", ".sh", ".html")]
+    found = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in files for m in pattern.finditer(p.read_text())]
+    assert files and not found, found
 
 
 def test_the_code_that_decides_a_round_reads_no_clock_and_does_no_io() -> None:
@@ -98,3 +116,29 @@ def test_the_code_that_decides_a_round_reads_no_clock_and_does_no_io() -> None:
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             found += [f"protocol/{name}.py imports {n}" for n in names if n.split(".")[0] in io]
     assert not found, found
+
+
+def test_the_glossary_defines_the_projects_own_words() -> None:
+    """Every private word the docs and the code lean on has a line in docs/glossary.md."""
+    rows = re.findall(r"^\| ([^|]+?) \|", (ROOT / "docs" / "glossary.md").read_text(), re.M)
+    defined = {w.strip() for row in rows for w in row.split(",")}
+    words = ("witness", "tail", "chain", "look", "level", "chores", "settle", "adopt", "abstain", "base", "cut time",
+             "stop", "seed", "re-sync", "linger", "voters", "contributors ledger", "state offer", "violation")
+    assert not [w for w in words if w not in defined], [w for w in words if w not in defined]
+
+
+def test_the_docs_read_in_short_sentences(capsys) -> None:
+    """README.md at most 3,000 words, every page outside docs/notes/ at most 2,000; no sentence over 40 words and
+    no table cell over 25 (scripts/prose_stats.py, the counter the bounds were set with)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("prose_stats", ROOT / "scripts" / "prose_stats.py")
+    prose = importlib.util.module_from_spec(spec)
+    sys.modules["prose_stats"] = prose  # dataclasses look their module up while the module runs
+    spec.loader.exec_module(prose)
+    pages = [p for p in sorted((ROOT / "docs").rglob("*.md")) if "notes" not in p.parts]
+    pages += [ROOT / "docker" / "README.md", ROOT / "protocol" / "WIRE.md"]
+    assert prose.main(["--max-words", "3000", "--max-sentence", "40", "--max-cell", "25", str(ROOT / "README.md")]) == 0, \
+        capsys.readouterr().out
+    assert prose.main(["--max-words", "2000", "--max-sentence", "40", "--max-cell", "25", *map(str, pages)]) == 0, \
+        capsys.readouterr().out

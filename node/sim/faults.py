@@ -58,6 +58,86 @@ from dataclasses import dataclass, field
 
 from gradnode.node.config import parse_rate
 
+
+@dataclass(frozen=True)
+class FaultKind:
+    """One kind of fault: its name, how each simulator spells it (None: that simulator does not model it),
+    and what it does, in one line. KINDS is the one registry both parsers, `--faults help` and
+    docs/simulator.md read."""
+
+    name: str
+    processes: str | None  # the grammar in `gradnode simulate`
+    virtual: str | None  # the grammar in `gradnode simulate --virtual`
+    meaning: str
+
+
+KINDS: tuple[FaultKind, ...] = (
+    FaultKind("kill", "kill:P@rN", "kill:P@rN", "kill -9 peer P when the swarm starts round N"),
+    FaultKind("restart", "restart:P@rN", "restart:P@rN", "start P again with its folder: it resumes its checkpoint"),
+    FaultKind("stop", "stop:P@rN", "stop:P@rN", "SIGTERM: P announces its departure and leaves with a checkpoint"),
+    FaultKind("join", "join:P@rN", "join:P@rN", "P starts only at round N (a late joiner)"),
+    FaultKind("slow", "slow:PxF", "slow:PxF", "every inner step of P is F times slower (a straggler)"),
+    FaultKind("partition", "partition:G|G@rN", "partition:G|G@rN", "the network splits into these groups, e.g. 0,1|2,3"),
+    FaultKind("heal", "heal@rN", "heal@rN", "the network is whole again"),
+    FaultKind("bw", "bw:P=RATE", None, "P's link is capped at RATE, e.g. 1mbit"),
+    FaultKind("client", "client:P", None, "P runs in client mode (behind NAT: no inbound connections)"),
+    FaultKind("corrupt", "corrupt:P@rN", None, "P flips bytes of its updates (honest peers reject them)"),
+    FaultKind("forge", "forge:P@rN", None, "P signs its updates with a foreign key"),
+    FaultKind("tamper", "tamper:P@rN", None, "P offers tampered state: an honest hash over altered weights"),
+    FaultKind("tokens", "tokens:P[@rN]", None, "P declares 2^40 tokens in its validly signed updates"),
+    FaultKind("dense", "dense:P[@rN]", None, "P sends its updates with the dense codec in a sparse run"),
+    FaultKind("slowhold", "slowhold:P[@rN]", None, "P claims to hold every update and serves at 128 B/s"),
+    FaultKind("pushflood", "pushflood:P[@rN]", None, "P pushes forged copies of its update to every peer"),
+    FaultKind("flood", "flood:P[@rN]", "flood:N", "keys of the attacker's making publish records far ahead, "
+              "never an update (processes: 8 keys run by P; virtual: N keys, 1000 rounds ahead)"),
+    FaultKind("sybilvotes", "sybilvotes:P[@rN]", None, "P runs 8 more keys that vote for a weight hash nobody holds"),
+    FaultKind("sybils", None, "sybils:N", "N keys of the attacker's making vote for a made-up chain"),
+    FaultKind("claims", None, "claims:S", "the sybil keys' records claim S seconds a round"),
+    FaultKind("replayleave", "replayleave:P[@rN]", None, "P stores others' signed 'leaving' records again"),
+    FaultKind("equivocate", "equivocate:P[@rN]", "equivocate:P", "P publishes two different witness reports a round"),
+    FaultKind("censor", None, "censor:P", "P is a witness that reports only its own update"),
+    FaultKind("withhold", None, "withhold:P", "P announces its update and never serves it"),
+    FaultKind("lowid", "lowid:P[@rN]", None, "P grinds keys for the lowest peer id and censors as a witness"),
+    FaultKind("stretch", None, "stretch:P", "P is an honest witness whose records claim an hour a round"),
+    FaultKind("futurestate", "futurestate:P[@rN]", "futurestate:P", "P offers a state claimed 10^6 rounds ahead"),
+    FaultKind("badmomentum", "badmomentum:P[@rN]", None, "P offers honest weights with its momentum scaled by -1000"),
+    FaultKind("signflip", "signflip:P[@rN]", "signflip:P", "P sends its own update negated"),
+    FaultKind("noise", "noise:P[@rN]", "noise:P", "P sends noise at its own update's norm"),
+    FaultKind("freerider", "freerider:P[@rN]", "freerider:P", "P sends another peer's applied update as its own"),
+    FaultKind("lazy", "lazy:P[@rN]", None, "P trains every round on one fixed batch"),
+    FaultKind("crossrun", "crossrun:P[@rN]", None, "P replays updates it signed in an earlier run of the same name"),
+    FaultKind("intruder", "intruder:P", None, "the run is permissioned and P joins without an admission"),
+    FaultKind("drift", None, "drift:S", "every peer's clock is off by up to S seconds"),
+    FaultKind("clock", None, "clock:P=S", "peer P's clock is S seconds off"),
+    FaultKind("swizzle", None, "swizzle[:S]@rN", "a random half of the links clog one every S seconds, then unclog"),
+    FaultKind("links", None, "links:S", "each peer's link is up to S times slower and farther than the fastest"),
+    FaultKind("loss", None, "loss:PROB", "each transfer is lost with probability PROB, and retried"),
+)
+BY_NAME = {k.name: k for k in KINDS}
+
+
+def names_for(virtual: bool) -> tuple[str, ...]:
+    """The fault kinds one simulator models."""
+    return tuple(k.name for k in KINDS if (k.virtual if virtual else k.processes) is not None)
+
+
+def help_text(virtual: bool | None = None) -> str:
+    """`--faults help`: one line per kind, with its grammar in the simulators that model it."""
+    lines = ["P: a peer index ('?': one picked by --seed); N: a round (rN) or a count; S: seconds; F: a factor.",
+             f"{'kind':<12} {'simulate':<20} {'simulate --virtual':<20} meaning"]
+    for k in KINDS:
+        if virtual is None or (k.virtual if virtual else k.processes) is not None:
+            lines.append(f"{k.name:<12} {k.processes or '-':<20} {k.virtual or '-':<20} {k.meaning}")
+    return "\n".join(lines)
+
+
+def markdown_table() -> str:
+    """The registry as docs/simulator.md shows it (a test checks the page holds it)."""
+    rows = ["| kind | `simulate` | `simulate --virtual` | meaning |", "|---|---|---|---|"]
+    rows += [f"| {k.name} | {f'`{k.processes}`' if k.processes else '-'} | {f'`{k.virtual}`' if k.virtual else '-'} "
+             f"| {k.meaning} |".replace("|G|", "\\|G\\|").replace("G|G", "G\\|G") for k in KINDS]
+    return "\n".join(rows)
+
 LIFE = ("kill", "restart", "stop", "join")  # timed, on a process
 BEHAVIOUR = {"corrupt": "corrupt", "forge": "forge", "tamper": "tamper_state",  # timed, swarm.fault of a peer
              "tokens": "tokens", "dense": "dense", "slowhold": "slowhold", "intruder": "intruder",
@@ -127,7 +207,7 @@ class _Parser:
             raise ValueError(f"--faults: cannot read {raw!r}; expected e.g. kill:2@r3, slow:1x5, bw:3=1mbit, "
                              "client:4, partition:0,1|2,3@r3, heal@r6")
         action, target = m["action"], m["target"].strip()
-        known = (*LIFE, *BEHAVIOUR, *STATIC, *NETWORK)
+        known = names_for(virtual=False)
         if action not in known:
             raise ValueError(f"--faults: unknown action {action!r} in {raw!r}; use one of {', '.join(known)}")
         if action == "partition":

@@ -711,10 +711,10 @@ def address_lines(maddrs: list[str]) -> list[str]:
     return lines
 
 
-ListenOpt = typer.Option(None, "--listen", "--host", metavar="MADDR", help="Listen multiaddr, e.g. "
-                         "/ip4/0.0.0.0/tcp/31337 (repeatable; sets swarm.host_maddrs).")
-AnnounceOpt = typer.Option(None, "--announce", metavar="MADDR", help="The public multiaddr other machines dial, "
-                           "e.g. /ip4/203.0.113.7/tcp/31337 behind NAT (repeatable; sets swarm.announce_maddrs).")
+ListenOpt = typer.Option(None, "--listen", "--host", metavar="MADDR", help="Where to listen, as a multiaddr: "
+                         "/ip4/0.0.0.0/tcp/N is port N on every interface (repeatable; swarm.host_maddrs).")
+AnnounceOpt = typer.Option(None, "--announce", metavar="MADDR", help="The multiaddr other machines dial, behind "
+                           "NAT: /ip4/IP/tcp/N with its public IP (repeatable; the announce_maddrs of swarm).")
 
 
 def _addresses(extra: dict[str, Any], listen: Optional[list[str]], announce: Optional[list[str]]) -> None:
@@ -955,8 +955,8 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=4096, 
                                                            "logs and checkpoints; default runs/simulate-DATE-TIME."),
                  faults_spec: Optional[str] = typer.Option(
                      None, "--faults", metavar="SPEC",
-                     help="Fault schedule, e.g. kill:2@r3,restart:2@r5,slow:1x5,partition:0,1|2,3@r2,heal@r4. "
-                          "`--faults help` lists every kind with its grammar (docs/simulator.md explains them)."),
+                     help="Fault schedule, e.g. kill:2@r3,restart:2@r5 (comma-separated). `--faults help` lists "
+                          "every kind with its grammar; docs/simulator.md explains them."),
                  seed: Optional[int] = typer.Option(None, "--seed", min=0, metavar="N", help="run.seed, and the "
                                                     "picks of '?' in --faults: the same seed gives the same run."),
                  timeout: float = typer.Option(3600.0, "--timeout", min=10.0, metavar="SECONDS",
@@ -967,8 +967,9 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=4096, 
                  serve: Optional[int] = typer.Option(None, "--serve", min=1, max=65535, metavar="PORT",
                                                      help="Watch it live: the bootstrap serves the status page on "
                                                           "this port, every process Prometheus metrics on a free "
-                                                          "port (listed in RUN/prometheus-targets.json; `prometheus "
-                                                          "--config.file=RUN/prometheus.yml` scrapes them)."),
+                                                          "port (listed in RUN/prometheus-targets.json; "
+                                                          "RUN/prometheus.yml is a Prometheus config that scrapes "
+                                                          "them)."),
                  virtual: bool = typer.Option(False, "--virtual", help="No processes: the round protocol's core "
                                               "for every peer on one virtual clock (node/sim/virtual.py), seeded; "
                                               "checks safety every round. Reads the swarm's deadline settings from "

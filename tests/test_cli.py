@@ -67,6 +67,13 @@ def test_top_level_help_lists_what_people_start_with_first_one_line_each() -> No
         assert any(line.startswith(f"│ {name} ") and short in line for line in out.splitlines()), (name, out)
 
 
+@pytest.mark.parametrize("path", all_commands(), ids=lambda p: " ".join(p) or "gradnode")
+def test_help_at_80_columns_cuts_no_word(path: list[str]) -> None:
+    """A word too long for its column is cut with an ellipsis: examples must break where a line may."""
+    out = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "80"}).output
+    assert "…" not in out, [line for line in out.splitlines() if "…" in line]
+
+
 def test_version() -> None:
     from gradnode.node import __version__
 

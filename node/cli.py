@@ -671,7 +671,9 @@ def _run_peer(cfg: Config, *, train: bool, peer_index: Optional[int], device: Op
                 result = peer.train()
                 if summary is not None:
                     summary.write_text(summary_json(result))
-                typer.echo(f"rounds={result.rounds} loss={result.final_loss} hash={result.param_hash[:16]} "
+                val = f"{result.val_loss_last:.4f}" if result.val_loss_last is not None else "-"
+                typer.echo(f"rounds={result.rounds} train_loss={result.final_loss} val_loss={val} "
+                           f"hash={result.param_hash[:16]} "
                            f"utilization={result.utilization:.3f} up={result.bytes_up} down={result.bytes_down} "
                            f"rejected={result.rejected_updates}")
         finally:
@@ -714,7 +716,7 @@ def address_lines(maddrs: list[str]) -> list[str]:
 ListenOpt = typer.Option(None, "--listen", "--host", metavar="MADDR", help="Where to listen, as a multiaddr: "
                          "/ip4/0.0.0.0/tcp/N is port N on every interface (repeatable; swarm.host_maddrs).")
 AnnounceOpt = typer.Option(None, "--announce", metavar="MADDR", help="The multiaddr other machines dial, behind "
-                           "NAT: /ip4/IP/tcp/N with its public IP (repeatable; the announce_maddrs of swarm).")
+                           "NAT: /ip4/IP/tcp/N with its public IP (repeatable; sets announce_maddrs).")
 
 
 def _addresses(extra: dict[str, Any], listen: Optional[list[str]], announce: Optional[list[str]]) -> None:
@@ -731,6 +733,7 @@ def bootstrap_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] 
                   listen: Optional[list[str]] = ListenOpt, announce: Optional[list[str]] = AnnounceOpt,
                   rounds: Optional[int] = typer.Option(None, "--rounds", metavar="N", help="With --train: leave "
                                                        "after this round (swarm.rounds; default: until stopped)."),
+                  output_dir: Optional[Path] = OutputOpt,
                   device: Optional[str] = DeviceOpt, genesis: Optional[Path] = GenesisOpt,
                   admission_file: Optional[Path] = AdmissionOpt,
                   status_port: Optional[int] = typer.Option(None, "--status-port", min=0, max=65535, metavar="PORT",
@@ -748,9 +751,12 @@ def bootstrap_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] 
     _addresses(extra, listen, announce)
     if rounds is not None:
         extra["swarm.rounds"] = rounds
+    if output_dir is not None:
+        extra["run.output_dir"] = str(output_dir)
     cfg = _load(config, set_, extra)
     _setup_logging(verbose)
-    _run_peer(cfg, train=train, peer_index=None, device=device, metrics=None, summary=None, evaluate=train,
+    metrics = cfg.run.output_dir / "metrics.jsonl" if train else None  # the status page reads a run folder's rows
+    _run_peer(cfg, train=train, peer_index=None, device=device, metrics=metrics, summary=None, evaluate=train,
               verbose=verbose, maddrs_file=maddrs_file, status_port=status_port)
 
 
@@ -765,7 +771,8 @@ def join_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = Set
                                                            "identity, so every volunteer reads its own slice."),
              output_dir: Optional[Path] = OutputOpt, device: Optional[str] = DeviceOpt,
              metrics: Optional[Path] = typer.Option(None, "--metrics", metavar="FILE",
-                                                    help="Append a JSON line per round here."),
+                                                    help="Append a JSON line per round here (default: "
+                                                         "metrics.jsonl in the run folder)."),
              summary: Optional[Path] = typer.Option(None, "--summary", metavar="FILE",
                                                     help="Write the final summary JSON here."),
              no_eval: bool = typer.Option(False, "--no-eval", help="Skip the validation loss at start and end."),
@@ -788,6 +795,7 @@ def join_cmd(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = Set
                    err=True)
         raise typer.Exit(2)
     _setup_logging(verbose)
+    metrics = metrics or cfg.run.output_dir / "metrics.jsonl"
     _run_peer(cfg, train=True, peer_index=peer_index, device=device, metrics=metrics, summary=summary,
               evaluate=not no_eval, verbose=verbose, maddrs_file=maddrs_file)
 

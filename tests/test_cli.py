@@ -303,6 +303,9 @@ def test_health_reads_the_peers_report_and_stays_light(tmp_path: Path) -> None:
     (tmp_path / "health.json").write_text(json.dumps({**data, "ok": True, "time": time.time() - 120}))
     stale = gradnode("health", "--output-dir", str(tmp_path))
     assert stale.returncode == 1 and "hung or gone" in stale.stdout
+    health.write(tmp_path, view=health.ChainView(trainers=3), round_=10, expected=3, waiting=False, finished=True)
+    ended = gradnode("health", "--output-dir", str(tmp_path))  # a peer that finished its run is not hung
+    assert ended.returncode == 1 and "ended at round 10" in ended.stdout and "hung" not in ended.stdout
     probe = subprocess.run([sys.executable, "-c", "import sys; from gradnode.node.cli import app; "
                             "from gradnode.node.swarm import health; print('torch' in sys.modules)"],
                            capture_output=True, text=True, timeout=60)

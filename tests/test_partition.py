@@ -83,7 +83,7 @@ def test_a_peer_alone_waits_for_its_run_and_says_so(tmp_path: Path) -> None:
         text = log_path.read_text()
         assert "waiting for peers of run gradnode-tiny: 1 of the 2 training peers needed in sight (swarm.min_peers " \
                "counts this one), via /ip4/127.0.0.1/" in text, text[-2000:]
-        assert "run the bootstrap with --train" in text  # what to do, said at once
+        assert "a bootstrap trains only with --train" in text  # what to do, said at once
         time.sleep(5)
         assert not (tmp_path / "peer-0" / "metrics.jsonl").exists()  # not one round trained alone
         swarm.start_peer(1, initial, min_peers=2)

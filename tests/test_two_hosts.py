@@ -55,7 +55,7 @@ def shared_address(log: Path) -> str | None:
 
 
 def summary(log: Path) -> tuple[int, str]:
-    found = re.findall(r"^rounds=(\d+) loss=\S+ hash=(\w+)", log.read_text(errors="replace"), re.M)
+    found = re.findall(r"^rounds=(\d+) train_loss=\S+ val_loss=\S+ hash=(\w+)", log.read_text(errors="replace"), re.M)
     assert found, log.read_text(errors="replace")[-3000:]
     return int(found[-1][0]), found[-1][1]
 

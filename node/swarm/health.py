@@ -81,7 +81,7 @@ def clock_words(clock: skew.Estimate) -> str:
 
 
 def write(folder: Path, *, view: ChainView, round_: int, expected: int, waiting: bool,
-          clock: skew.Estimate | None = None) -> None:
+          clock: skew.Estimate | None = None, finished: bool = False) -> None:
     """health.json for `gradnode health`, replaced atomically; ``clock``: this clock against the peers' (a clock off
     by more than the DHT allows is a reason of its own: it hides records or cuts rounds short)."""
     reasons = []
@@ -96,7 +96,8 @@ def write(folder: Path, *, view: ChainView, round_: int, expected: int, waiting:
         reasons.append(f"sees {view.trainers} of {expected} expected trainers")
     data = {"ok": not reasons, "reason": "; ".join(reasons) or "ok", "time": time.time(), "round": round_,
             "trainers": view.trainers, "expected": expected, "chains": view.groups, "on_winner": view.on_winner,
-            "winners": view.winners[:8], "clock_ahead_s": None if clock is None else round(clock.ahead_s, 3)}
+            "winners": view.winners[:8], "clock_ahead_s": None if clock is None else round(clock.ahead_s, 3),
+            "finished": finished}
     try:
         write_json(folder / FILE_NAME, data)
     except OSError:  # a full disk must not stop training; the check then reports a stale file
@@ -111,6 +112,8 @@ def check(folder: Path, max_age_s: float = 60.0) -> tuple[bool, str]:
     except (OSError, ValueError):
         return False, f"no readable {path} (the peer has not started, or is not a gradnode peer folder)"
     age = time.time() - float(data.get("time", 0.0))
+    if data.get("finished"):
+        return False, f"the peer ended at round {data.get('round')}, {age:.0f} s ago (it is not running)"
     if age > max_age_s:
         return False, f"{path} is {age:.0f} s old: the peer is hung or gone"
     return bool(data.get("ok")), f"round {data.get('round')}: {data.get('reason')} " \

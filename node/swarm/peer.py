@@ -340,10 +340,12 @@ class Peer:
         beat = threading.Thread(target=self._heartbeat, args=(True, done), name="heartbeat", daemon=True)
         beat.start()
         try:  # the record stays fresh until the run is wrapped up: a re-sync there must show, and we still serve
-            return self._wrap_up(self._rounds())
+            summary = self._wrap_up(self._rounds())
         finally:
             done.set()
             beat.join(timeout=30.0)  # a 'training' record written after close()'s 'leaving' one would undo it
+        self._write_health(finished=True)  # `gradnode health` says it ended, not that it hung
+        return summary
 
     def _rounds(self) -> float:
         """The training loop; returns its wall time."""
@@ -582,8 +584,8 @@ class Peer:
         """Wait for round r's decision and apply it."""
         ex = self._on_the_chain_held(ex)
         t0 = time.monotonic()
-        self.progress.stage(Stage.WAITING_FOR_ROUND, ex.round, f"{len(ex.verified)} update(s) verified so far; given up "
-                            f"after swarm.max_wait_s={self.sw.max_wait_s:.0f} s", quiet=ex.round > self.tally.joined_round)
+        self.progress.stage(Stage.WAITING_FOR_ROUND, ex.round, f"{len(ex.verified)} update(s) verified so far; it gives "
+                            f"up after swarm.max_wait_s={self.sw.max_wait_s:.0f} s", quiet=ex.round > self.tally.joined_round)
         outcome = ex.result(timeout=self.sw.max_wait_s + 10)
         wait = time.monotonic() - t0
         self.tally.wait_s += wait
@@ -732,9 +734,9 @@ class Peer:
         self._write_health()
         return view
 
-    def _write_health(self) -> None:
+    def _write_health(self, finished: bool = False) -> None:
         health.write(self.cfg.run.output_dir, view=self.chains, round_=self.engine.round if self.engine else 0,
-                     expected=self.sw.expected_peers, waiting=self.waiting, clock=self.skew)
+                     expected=self.sw.expected_peers, waiting=self.waiting, clock=self.skew, finished=finished)
 
     def _drain(self, pending: RoundExchange | None, t_start: float) -> float:
         """The pipeline drains: the last round's exchange has no next round to hide behind (once per
@@ -923,8 +925,8 @@ class Peer:
                 clock = self.skew
                 serving = sum(1 for p, m in members.items() if p != me and not m.training)
                 log.warning("waiting for peers of run %s: %d of the %d training peers needed in sight (swarm.min_peers "
-                            "counts this one), via %s%s; start another `gradnode join`, run the bootstrap with "
-                            "--train, or set swarm.min_peers=1 to train alone%s", self.cfg.run.run_id,
+                            "counts this one), via %s%s; start another `gradnode join` (a bootstrap trains only "
+                            "with --train), or set swarm.min_peers=1 to train alone%s", self.cfg.run.run_id,
                             len(others) + 1, self.sw.min_peers, self._via(),
                             f"; {serving} peer{'s' if serving > 1 else ''} in sight only serve{'' if serving > 1 else 's'}"
                             if serving else "",

@@ -530,7 +530,9 @@ class Transport:
                 fut = self._dht.store(key, value, self.now() + ttl, subkey=subkey, return_future=True)
             return bool(fut.result(timeout))
         except Exception as err:
-            log.warning("dht store failed key=%s error=%r after %.1f s", key, err, time.monotonic() - t0)
+            # closed meanwhile (the peer is ending): an expected failure, not news
+            log.log(logging.DEBUG if self._closed else logging.WARNING, "dht store failed key=%s error=%r after %.1f s",
+                    key, err, time.monotonic() - t0)
             return False
         finally:
             with self._reads_lock:  # no read begun before the store ended answers a read after it
@@ -578,7 +580,8 @@ class Transport:
                 fut = self._dht.get(key, latest=True, return_future=True)
             found = fut.result(timeout)
         except Exception as err:
-            log.warning("dht get failed key=%s error=%r after %.1f s", key, err, time.monotonic() - t0)
+            log.log(logging.DEBUG if self._closed else logging.WARNING, "dht get failed key=%s error=%r after %.1f s",
+                    key, err, time.monotonic() - t0)
             return None
         if time.monotonic() - t0 > 2.0:  # unreachable DHT nodes (a split network) show up here first
             log.info("dht get slow key=%s seconds=%.1f", key, time.monotonic() - t0)

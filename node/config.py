@@ -292,9 +292,9 @@ class SwarmConfig(_Section):
                                     description="State chunks this peer uploads at once; further requests get "
                                                 "'busy' and go to another donor (joiners spread over donors).")
     own_update_copies: int = Field(2, ge=0, le=1024,
-                                   description="Copies of its own update a peer serves before answering 'busy', "
-                                               "until half of swarm.min_deadline_s (at most 2 s) has passed; "
-                                               "others fetch from the holders. 0: no cap.")
+                                   description="Copies of its own update a peer serves per window (half of "
+                                               "swarm.min_deadline_s, at most 2 s); past them, others fetch from "
+                                               "the holders. 0: no cap.")
     ignore_after: int = Field(3, ge=1, le=1000, description="Rejected updates after which a sender is ignored "
                                                             "(its announcements not fetched, its pushes refused).")
     ignore_rounds: int = Field(10, ge=0, le=10**6, description="Rounds a sender stays ignored (0: never ignore).")

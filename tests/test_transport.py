@@ -17,7 +17,7 @@ from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm import transport
 from gradnode.node.swarm.identity import load_or_create
 from gradnode.node.swarm.transport import Transport, TransportError
-from gradnode.protocol.records import dht_key
+from gradnode.protocol.records import dht_key, update_name
 from gradnode.protocol import skew
 
 pytestmark = pytest.mark.swarm
@@ -508,3 +508,34 @@ def test_a_bootstrap_whose_address_book_is_gone_waits_for_its_port_to_come_free(
     monkeypatch.setattr(t, "_start", start)
     t.start(extra_peers=["/ip4/127.0.0.1/tcp/9/p2p/QmPfdnRfXQjaUEhjxNMWbJt3AbhTYAsXFGb9oSrGUeQ1ad"])
     assert tries == [["/ip4/127.0.0.1/tcp/9/p2p/QmPfdnRfXQjaUEhjxNMWbJt3AbhTYAsXFGb9oSrGUeQ1ad"], []]
+
+
+def test_the_own_copy_budget_refills_each_window_and_bounds_the_round() -> None:
+    """At most ``cap`` copies per window, for the whole round: 1,000 fetchers asking over a 30 s round get
+    at most cap x 30 copies from the sender, not one each; the rest must come from the holders."""
+    budget = transport.CopyBudget(cap=2, window_s=1.0)
+    assert [budget.take("u/r/0/a", t) for t in (0.0, 0.1, 0.2, 0.9)] == [True, True, False, False]
+    assert budget.take("u/r/0/a", 1.0) and budget.take("u/r/0/a", 1.5) and not budget.take("u/r/0/a", 1.6)
+    assert budget.take("u/r/0/b", 1.6)  # each blob has its own budget
+    served = sum(budget.take("u/r/1/a", i * 0.03) for i in range(1000))
+    assert served <= 2 * 30, served
+    assert all(transport.CopyBudget(cap=0, window_s=1.0).take("x", 0.0) for _ in range(100))  # 0: no cap
+
+
+def test_a_sender_past_its_copy_budget_says_busy_and_the_holder_serves(trio, tmp_path: Path) -> None:
+    """The cap holds for a whole window on the real stream path: the sender serves one copy, answers the next
+    fetcher 'busy', and that fetcher gets the update from the first one's copy."""
+    a = trio[0]
+    a._own_copies = transport.CopyBudget(cap=1, window_s=3600.0)
+    b, c = trio[1], trio[2]
+    name = update_name("run", 0, a.peer_id)
+    blob = bytes(range(256)) * 400
+    a.blobs.put(name, blob)
+    assert b.fetch([(a.peer_id, a.maddrs())], name, max_bytes=10**7, deadline=time.monotonic() + 30) == blob
+    b.blobs.put(name, blob)
+    refusals = a.busy_refusals
+    assert c.fetch([(a.peer_id, a.maddrs())], name, max_bytes=10**7, deadline=time.monotonic() + 2) is None
+    assert a.busy_refusals > refusals
+    got = c.fetch([(a.peer_id, a.maddrs()), (b.peer_id, b.maddrs())], name, max_bytes=10**7,
+                  deadline=time.monotonic() + 30)
+    assert got == blob and settles(lambda: b.bytes_up >= len(blob)), b.bytes_up

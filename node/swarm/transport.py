@@ -305,6 +305,34 @@ class _ManyKeys(RSASignatureValidator):
         return record.value
 
 
+class CopyBudget:
+    """The copies of its own update a peer serves: at most ``cap`` in any ``window_s`` (0: no cap).
+
+    Past the budget the peer answers 'busy', and fetchers turn to the peers that already hold a copy
+    (gossip). The budget refills each window, for the whole round, so the sender's upload is at most
+    ``cap`` copies per window whatever the number of fetchers. A fetcher that takes a copy and serves
+    none holds the others up for one window, never for the round."""
+
+    def __init__(self, cap: int, window_s: float) -> None:
+        self.cap, self.window_s = cap, window_s
+        self.windows: dict[str, tuple[int, float]] = {}  # blob name -> (copies in its window, window start)
+
+    def take(self, name: str, now: float) -> bool:
+        """Whether a copy of ``name`` may be served at ``now``; a copy allowed is counted."""
+        if not self.cap:
+            return True
+        copies, start = self.windows.get(name, (0, now))
+        if now - start >= self.window_s:
+            copies, start = 0, now
+        if copies >= self.cap:
+            return False
+        self.windows[name] = (copies + 1, start)
+        return True
+
+    def forget(self, gone: Callable[[str], bool]) -> None:
+        self.windows = {n: v for n, v in self.windows.items() if not gone(n)}
+
+
 class Transport:
     """DHT records + stream-served blobs for one peer. ``signs_for``: more identities whose owner-protected
     records this node writes (``store(..., owner=)``; testing aid for the attackers with keys in bulk)."""
@@ -319,7 +347,7 @@ class Transport:
         self.bytes_down = 0
         self.upload_slots = upload_slots  # concurrent uploads per blob; more get 'busy' and go elsewhere
         self._serving: dict[str, int] = {}
-        self._own_served: dict[str, tuple[int, float]] = {}  # own update name -> (copies, first served at)
+        self._own_copies = CopyBudget(cfg.own_update_copies, min(2.0, 0.5 * cfg.min_deadline_s))
         self._state_uploads = 0  # state chunks being uploaded now (bounded by cfg.state_upload_slots)
         self.state_bytes_up = 0  # of bytes_up, state chunks served to joiners
         self.own_update_bytes_up = 0  # of bytes_up, copies of this peer's own updates (served or pushed)
@@ -652,18 +680,10 @@ class Transport:
             writer.close()
 
     def _own_copies_spent(self, name: str) -> bool:
-        """Gossip for our own updates: after ``own_update_copies`` copies, answer 'busy' for a short grace
-        so that fetchers turn to the peers that already hold it; after the grace, serve anyone (nobody
-        may be left without it). Counts the copy when it is served."""
-        cap = self.cfg.own_update_copies
-        now = time.monotonic()
-        copies, first = self._own_served.get(name, (0, now))
-        if cap and copies >= cap and now - first < min(2.0, 0.5 * self.cfg.min_deadline_s):
-            return True
-        if len(self._own_served) > 256:  # forget blobs no longer held
-            self._own_served = {n: v for n, v in self._own_served.items() if self.blobs.get(n) is not None}
-        self._own_served[name] = (copies + 1, first)
-        return False
+        """Gossip for our own updates (CopyBudget); blobs no longer held are forgotten."""
+        if len(self._own_copies.windows) > 256:
+            self._own_copies.forget(lambda n: self.blobs.get(n) is None)
+        return not self._own_copies.take(name, time.monotonic())
 
     async def _send(self, writer: asyncio.StreamWriter, data: bytes, *, is_state: bool = False,
                     own: bool = False) -> None:

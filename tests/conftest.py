@@ -40,7 +40,7 @@ tempfile.tempdir = None  # re-read TMPDIR
 # far enough behind for the others to finish the run without them (seen once, in a trial that spread the swarm
 # tests over both workers). The order: the process tests that leave a core idle first, the swarms that need both
 # cores last (the mix of adversaries uses 250-290 CPU-seconds in 120-150 s alone: docs/notes/swarm.md).
-PROCESS_FILES = ("test_partition.py", "test_swarm_faults.py", "test_transport.py", "test_agreement.py",
+PROCESS_FILES = ("test_partition.py", "test_swarm_faults.py", "test_transport.py", "test_catchup.py", "test_agreement.py",
                  "test_admission.py", "test_cli.py", "test_signals.py", "test_netns.py", "test_two_hosts.py", "test_genesis.py", "test_eval.py",
                  "test_observe.py", "test_swarm.py", "test_elastic.py", "test_adversaries.py", "test_docker.py",
                  "test_status_page.py")
@@ -51,7 +51,7 @@ PROCESS_FILES = ("test_partition.py", "test_swarm_faults.py", "test_transport.py
 # partition), then transports and single processes (the trickling holder: 2.5 CPU-s in 25 s). Measured on the
 # whole suite: each worker busy for 638 and 653 s, the suite 659 s; before, 720 s (all process tests on one
 # worker) and 256 s, the suite 755 s.
-BESIDE = ("test_swarm_faults.py", "test_transport.py", "test_agreement.py", "test_cli.py", "test_eval.py",
+BESIDE = ("test_swarm_faults.py", "test_transport.py", "test_catchup.py", "test_agreement.py", "test_cli.py", "test_eval.py",
           "test_status_page.py",  # one headless Chromium at a time, a few CPU-seconds each
           "test_partition.py::test_a_peer_alone_waits_for_its_run_and_says_so",
           "test_partition.py::test_peers_back_after_their_run_ended_are_told_so_and_stop")

@@ -32,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 from gradnode.node.config import parse_rate
 
@@ -144,7 +145,30 @@ def _pids(ns: str) -> list[int]:
         return []
 
 
-class Links:
+class _Made:
+    """A context manager over namespaces: made on entry, all of them removed on exit, and removed at once
+    when making them fails half-way (a half-made set must not outlive the run)."""
+
+    def _create(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            self._create()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class Links(_Made):
     """`n_peers` capped links at `rate` each way; a context manager. After `__enter__`: `peers[i]` =
     (namespace, IPv4) of peer i, `host_ip` = the bridge's address (for the bootstrap). Processes in the
     namespaces must be stopped by their owner before exit; any still there are killed (and reported)
@@ -178,18 +202,6 @@ class Links:
         """Every namespace and interface name this run can create (to check that none is left)."""
         per_peer = [f(i) for i in range(self.n_peers) for f in (self.ns, self.host_veth, self.ns_veth)]
         return [self.bridge, *per_peer]
-
-    def __enter__(self) -> "Links":
-        try:
-            self._create()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
 
     def _create(self) -> None:
         with open(_LOCK, "a") as lock:  # another run must not pick the same /24 before we claim it
@@ -290,7 +302,7 @@ class Links:
         return subprocess.run(["ip", "link", "show", name], capture_output=True).returncode == 0
 
 
-class Hosts:
+class Hosts(_Made):
     """Two machines on one network, in spirit: two namespaces joined by one veth pair, no bridge and no way
     to the host (what a test of the README's two-machine commands runs in). A context manager; after
     ``__enter__``, ``ip[k]`` is host k's address (k = 0, 1). Processes in them must be stopped by their owner
@@ -311,18 +323,6 @@ class Hosts:
     def exec_prefix(self, k: int) -> list[str]:
         """Prepended to a command to run it on host k (`ip netns exec` execs it: Popen's pid is its own)."""
         return ["ip", "netns", "exec", self.ns(k)]
-
-    def __enter__(self) -> "Hosts":
-        try:
-            self._create()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
 
     def _create(self) -> None:
         with open(_LOCK, "a") as lock:  # the /24 is checked against the host's: claim it before another run does

@@ -43,7 +43,7 @@ def swarm_rounds(tmp_path: Path, trio, members: list[Membership], *, lie_at: int
     ma, _, mc = members
     cfg = tiny_config(tmp_path / "swarm")
     engines = {a: Engine(cfg, 0), c: Engine(cfg, 1)}
-    rules = UpdateRules.of(cfg, {n: tuple(t.shape) for n, t in engines[a].global_params.items()})
+    rules = rules_of(engines[a])
     for r in range(ROUNDS):
         blobs = {}
         for t, m in ((a, ma), (c, mc)):

@@ -985,6 +985,12 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=4096, 
                  late_records: float = typer.Option(0.01, "--late-records", min=0.0, max=1.0, metavar="P",
                                                     help="--virtual: the chance that a record reaches one reader up "
                                                          "to 8 s late (the DHT hid it for a while)."),
+                 model_params: Optional[int] = typer.Option(None, "--model-params", min=1, metavar="N",
+                                                            help="--virtual: the updates' size is the codec's for "
+                                                                 "a model of N parameters; default: the config's "
+                                                                 "model."),
+                 round_s: float = typer.Option(2.0, "--round-s", min=0.01, metavar="SECONDS",
+                                               help="--virtual: a median peer's inner steps of one round."),
                  verbose: bool = VerboseOpt) -> None:
     """Start a bootstrap and N peers as processes on this machine, show them live, print a summary."""
     import shutil
@@ -997,7 +1003,8 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=4096, 
         typer.echo(faults.help_text())
         return
     if virtual:
-        _simulate_virtual(peers, rounds, seed or 0, config, set_ or [], faults_spec, late_records, as_json)
+        _simulate_virtual(peers, rounds, seed or 0, config, set_ or [], faults_spec, late_records, as_json,
+                          model_params, round_s)
         return
     if peers > 64:
         typer.echo("error: --peers: at most 64 processes on one machine (--virtual runs more)", err=True)
@@ -1042,9 +1049,9 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=4096, 
 
 
 def _simulate_virtual(peers: int, rounds: int, seed: int, config: Optional[Path], overrides: list[str],
-                      faults_spec: Optional[str], late: float, as_json: bool) -> None:
-    from gradnode.node.sim import virtual
-    from gradnode.node.swarm.clock import params
+                      faults_spec: Optional[str], late: float, as_json: bool, model_params: Optional[int],
+                      round_s: float) -> None:
+    from gradnode.node.sim import scenario, virtual
 
     try:
         faults = virtual.parse_faults(faults_spec, peers)
@@ -1052,10 +1059,8 @@ def _simulate_virtual(peers: int, rounds: int, seed: int, config: Optional[Path]
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
     cfg = _load(config, overrides)
-    sw = cfg.swarm
-    out = virtual.run(virtual.Scenario(peers=peers, rounds=rounds, seed=seed, late_p=late, params=params(sw),
-                                       record_ttl_s=sw.record_ttl_s, inner_steps=cfg.inner.steps,
-                                       min_steps=min(sw.min_steps, cfg.inner.steps), **faults))
+    out = virtual.run(scenario.of_config(cfg, model_params=model_params, peers=peers, rounds=rounds, seed=seed,
+                                             late_p=late, compute_s=round_s, **faults))
     if as_json:
         typer.echo(json.dumps(out))
     else:
@@ -1110,6 +1115,24 @@ def bench_swarm_cmd(sizes: str = typer.Option("2,4,8", "--sizes", metavar="N,N,.
         typer.echo(json.dumps(result))
     else:
         bench_swarm.print_result(result)
+
+
+@command("traffic", bench_app)
+def bench_traffic_cmd(sizes: str = typer.Option("4,8", "--sizes", metavar="N,N,...", help="Swarm sizes."),
+                      rounds: int = typer.Option(6, "--rounds", min=3, metavar="N", help="Rounds per swarm."),
+                      seed: int = typer.Option(0, "--seed", min=0, metavar="N", help="run.seed and the simulator's."),
+                      config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = SetOpt,
+                      as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
+    """Bytes and DHT records per peer and round: a real swarm on 127.0.0.1 beside the virtual simulator."""
+    from gradnode.node.bench import traffic as bench_traffic
+
+    _load(config, set_)
+    counts = [int(x) for x in sizes.split(",") if x.strip()]
+    result = bench_traffic.run(counts, rounds=rounds, config=config, overrides=list(set_ or []), seed=seed)
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        bench_traffic.print_result(result)
 
 
 @command("quality", bench_app)

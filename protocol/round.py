@@ -21,7 +21,8 @@ report    A witness publishes what it verified (``PublishReport``); an observer 
 decide    The set is what a strict majority of the counted reports lists (protocol/witness.py); ``HowDecided``
           names the rule that ended the wait. The peer waits for every eligible witness that is not absent,
           up to a grace period (``max(commit_grace_s, window)``); past it, it asks the missing witnesses for
-          their reports directly (``AskWitnesses``, once a window); with no eligible witness heard two
+          their reports directly (``AskWitnesses``: once, then it counts what it has, 'asked'; with nothing
+          to count yet, once a window, until a report comes); with no eligible witness heard two
           windows past the grace, the live trainers' reports count instead ('live fallback'); with none of
           those either and every other trainer two rounds ahead, the round is given up ('passed by'), as it
           is at the grace's end by a peer that is leaving with no report to count and no other trainer in
@@ -44,6 +45,7 @@ from gradnode.protocol import witness as witness_rule
 from gradnode.protocol.records import pack
 
 POLL_S = 0.2  # the shell's poll of the DHT while deciding: a grace period ends one poll late at most
+ASK_S = 5.0  # the longest an ask of the missing witnesses waits (a window, if shorter)
 
 
 @dataclass(frozen=True)
@@ -321,6 +323,7 @@ class RoundCore:
     collect_why: CollectEnd | None = None  # None while collecting
     reported_at: float = 0.0
     asked_at: float = -math.inf
+    ask_until: float = -math.inf  # when an ask of the missing witnesses is given up
     live_fallback: bool = False
     leaving: bool = False  # this peer announced its departure (stop_reporting)
     decided: Decided | None = None
@@ -331,8 +334,10 @@ class RoundCore:
     # what _live() and deadline() last gave, with what they were computed from (every event changes one of
     # these counts or the view; many rules ask again before the next event does)
     _memo: dict[str, tuple] = field(default_factory=dict, repr=False, compare=False)
+    no_ledger: bool = field(default=False, init=False)  # eligible from the view (set when deciding starts)
 
     def __post_init__(self) -> None:
+        self.no_ledger = not self.eligible
         if self.witness is None:
             self.witness = self.sender
         if not self.witness:
@@ -504,8 +509,10 @@ class RoundCore:
         else:
             return []
         self.phase, self.reported_at = Phase.DECIDING, now
-        if not self.eligible:
-            self.eligible = frozenset(self.view.live - {self.me}) | ({self.me} if self.witness else frozenset())
+        if not self.eligible:  # no ledger yet: the live trainers, and every peer whose update this round announced
+            # (a late member record hid an announcer from some peers' view: their count left its report out)
+            self.eligible = frozenset((self.view.live | self.first_seen.keys()) - {self.me}) | \
+                ({self.me} if self.witness else frozenset())
         if not self.witness:
             return []
         pairs = tuple(sorted((s, d) for s, d in self.verified.items() if s not in self.doubted))
@@ -520,12 +527,15 @@ class RoundCore:
         report is final: one made on another chain says this witness applied another previous round; its report
         on ours still counts if one comes)."""
         return set(self.view.leaving) | self._abstaining() | self.banned | self.elsewhere | \
-            {p for p in self.eligible if p != self.me and p not in self.view.present}
+            {p for p in self.eligible if p != self.me and p not in self.view.present and p not in self.first_seen}
 
     def _counted(self) -> list[Report]:
         return self._remembered("counted", self._counted_now, self.live_fallback, self.eligible)
 
     def _counted_now(self) -> list[Report]:
+        if self.no_ledger:  # every report on this chain: no ledger says who may witness (the view differs by what
+            # records reached each peer), and a key that reports could as well publish a 'training' record
+            return [r for _, r in sorted(self.reports.items()) if not r.abstain]
         among = (set(self.view.live) | {self.me}) if self.live_fallback else self.eligible
         return [r for w, r in sorted(self.reports.items()) if w in among and not r.abstain]
 
@@ -550,8 +560,18 @@ class RoundCore:
         max_wait_end = self.reported_at + self.params.max_wait_s
         counted = self._counted()
         waiting = set(self.eligible) - set(self.reports) - self._absent() - {self.me}
-        if counted and (not waiting or now >= grace_end):
-            return self._end(HowDecided.ALL_REPORTED if not waiting else HowDecided.GRACE)
+        if counted and not waiting:
+            return self._end(HowDecided.ALL_REPORTED)
+        if counted and now >= grace_end:
+            # the missing witnesses are asked for their reports once before the count: a report the DHT hid from
+            # this reader (a record late by seconds) would move an update listed by half the others across the
+            # majority, and this peer would apply another set than the peers that read it
+            if self.asked_at < self.reported_at:
+                self.asked_at, self.ask_until = now, now + min(self.window, ASK_S) + POLL_S  # a poll to answer in
+                return [AskWitnesses(tuple(sorted(waiting)), min(self.window, ASK_S))]
+            if now >= self.ask_until:  # the ask never came back
+                return self._end(HowDecided.GRACE)
+            return []
         if not counted and self.leaving and now >= grace_end and not set(self.view.live) - {self.me}:
             # leaving, and so is every other trainer in sight (a whole swarm stopped at once: Ctrl+C on `gradnode
             # simulate`, `docker compose down`): nobody is left to report on this round. Waiting out max_wait_s
@@ -572,7 +592,7 @@ class RoundCore:
             return self._end(HowDecided.MAX_WAIT)
         if now >= grace_end and now - self.asked_at >= self.window:  # only while the round goes on
             self.asked_at = now
-            return [AskWitnesses(tuple(sorted(waiting or (set(self.eligible) - {self.me}))), min(self.window, 5.0))]
+            return [AskWitnesses(tuple(sorted(waiting or (set(self.eligible) - {self.me}))), min(self.window, ASK_S))]
         return []
 
     def asked(self, now: float, got: list[Report]) -> list[Action]:
@@ -605,6 +625,6 @@ class RoundCore:
         if self.phase is Phase.DECIDING:  # the next moment a rule can change its mind: never now (no busy loop)
             grace_end = self._grace_end()
             times = [self.reported_at + self.params.max_wait_s, grace_end, grace_end + self.window,
-                     self.asked_at + self.window]
+                     self.asked_at + self.window, self.ask_until]
             return min((t for t in times if t > now), default=now + POLL_S)
         return None

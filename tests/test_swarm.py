@@ -32,6 +32,12 @@ def test_honest_peers_agree_bad_updates_are_rejected_and_diverged_peers_resync(r
     clocks = [(p["clock_ahead_s"], p["clock_error_s"]) for p in peers if p["clock_ahead_s"] is not None]
     assert clocks and all(abs(ahead) <= error + 0.05 for ahead, error in clocks), clocks
     assert summary["val_loss_last"] < summary["val_loss_first"]
+    # what a peer moved per round, as the virtual simulator counts it too (node/sim/traffic.py): records of every
+    # table a round reads, each record a few hundred bytes or more, and updates held
+    t = summary["traffic"]
+    assert {"members", "updates", "reports", "weights", "holdings"} <= set(t["records_read_by_table"]), t
+    assert t["update_bytes_down"]["min"] > 0 and t["records_read"]["min"] >= t["records_written"]["min"] > 0, t
+    assert t["record_bytes_read"]["min"] > t["records_read"]["min"] * 100 and t["peak_updates_held"]["min"] >= 1, t
     # the diverged peers: repaired by the hash-mismatch re-sync, or (a drifted peer that fell a round behind
     # on a loaded machine) by the newer state it takes to catch up: either way by adopting the majority's
     # state, never by the honest peers moving onto the drift (an honest peer may re-sync for a split a busy

@@ -37,7 +37,7 @@ from typing import Any
 from gradnode.node import write_json
 from gradnode.node.config import peer_id_of
 from gradnode.node.shutdown import Shutdown, kill_descendants
-from gradnode.node.sim import faults, netns, zygote
+from gradnode.node.sim import faults, netns, traffic, zygote
 from gradnode.node.swarm import progress
 
 log = logging.getLogger(__name__)
@@ -603,7 +603,8 @@ def collect(s: SimSettings, seconds: float, starts: dict[str, list[int]] | None 
                       "own_update_bytes_up": d.get("own_update_bytes_up", 0),
                       "clock_ahead_s": d.get("clock_ahead_s"), "clock_error_s": d.get("clock_error_s"),
                       "contributed": d.get("contributed", 0), "abstained": d.get("abstained", 0),
-                      "phase_s_per_round": d.get("phase_s_per_round", {}), "hashes": d["hashes"], **life})
+                      "phase_s_per_round": d.get("phase_s_per_round", {}), "hashes": d["hashes"],
+                      **_traffic(d, rows), **life})
     rounds = max((p.get("rounds", 0) for p in peers), default=0)
     live = [p for p in peers if "error" not in p and p["rounds"] == rounds and p["role"] == "honest"]
     losses = [r["loss"] for r in read_metrics(s.out_dir / f"peer-{s.eval_index or 0}" / "metrics.jsonl")
@@ -612,7 +613,21 @@ def collect(s: SimSettings, seconds: float, starts: dict[str, list[int]] | None 
             "val_loss_measure": measure,
             "train_loss_first": losses[0] if losses else None, "train_loss_last": losses[-1] if losses else None,
             "live_peers": len(live), "identical_hashes": bool(live) and len({p["param_hash"] for p in live}) == 1,
+            "traffic": traffic.summary(live),
             "seconds": round(seconds, 1), "faults": s.faults, "seed": s.seed, "out_dir": str(s.out_dir)}
+
+
+def _traffic(d: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A peer's traffic per round (node/sim/traffic.py: between its first and last applied rounds, of the
+    process that wrote its summary), the most updates it held, one DHT read's mean seconds."""
+    life = [r for r in rows if "traffic" in r and r.get("started") == rows[-1].get("started")] if rows else []
+    records = d.get("records", {})
+    return {"per_round": traffic.between({**life[0]["traffic"], "seconds": life[0]["time"]},
+                                         {**life[-1]["traffic"], "seconds": life[-1]["time"]}, len(life) - 1)
+            if len(life) > 1 else None,
+            "peak_updates_held": d.get("peak_updates_held", 0), "state_bytes_down": d.get("state_bytes_down", 0),
+            "dht_read_s": records.get("read_ms", 0) / 1000 / max(1, records.get("reads", 0)),
+            "records": records}
 
 
 def plot(summary: dict[str, Any], path: Path) -> None:

@@ -95,10 +95,12 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, NamedTuple
 
+from gradnode.node.sim import sizes, traffic
 from gradnode.protocol import chain
 from gradnode.protocol import round as core
 from gradnode.protocol import sync as sync_rules
 from gradnode.protocol import votes
+from gradnode.protocol.gossip import CopyBudget, copy_window_s
 from gradnode.protocol.records import FINGERPRINT_BYTES, majority_of, pack, resolve
 from gradnode.protocol.reputation import Reputation
 from gradnode.protocol.screening import Screen, judge
@@ -128,6 +130,8 @@ LIFE_ACTIONS = ("kill", "stop", "restart", "join")
 RETRY_S = 1.0  # a lost transfer is noticed and retried this much later (the transport's timeout and retry)
 POLLS_PER_S = 1 / core.POLL_S  # a peer's polls of the DHT a second (it reads what reached it at each, _read_mail)
 POLL_S = 0.5  # how often a computing peer reads the announcements for its cut time (clock.RoundClock.POLL_S)
+MEMBERS_READ_S = 0.5  # how often a running peer reads the member records (Membership.members: max_age)
+BLOB_BUDGET = 1 << 30  # the bytes of blobs a peer holds, oldest evicted first (transport.Transport's blob_budget)
 
 
 @dataclass(frozen=True)
@@ -210,6 +214,16 @@ class Scenario:
     # when they are at most this many and weigh less than the state, else downloads the state
     # (swarm.catchup_rounds; protocol/sync.py replay_or_download, as node/swarm/sync.py decides); 0: always download
     catchup_rounds: int = 8
+    # the model the updates are of (0: none named; ``update_bytes`` is then what it is): `simulate --virtual`
+    # sets update_bytes to the codec's wire size of the config's model, or of this many parameters
+    model_params: int = 0
+    own_copies: int = 2  # copies of its own update a sender serves per window (swarm.own_update_copies; 0: no cap)
+    # trainers in sight, itself included, before a peer starts its first round (swarm.min_peers; `simulate
+    # --virtual` sets the config's, 2 by default). 1: every peer starts at once, as the tests' scenarios do: a
+    # peer whose first round is shorter than a record's way then decides it alone
+    min_peers: int = 1
+    dht_read_s: float = 0.1  # one DHT read's seconds: a poll loop's period is its wait plus its reads
+    busy_s: float = 0.0  # a peer's seconds a round outside its inner steps and its waits (applying, checkpoints)
 
     def __post_init__(self) -> None:
         for index, kind in self.liars:
@@ -313,6 +327,11 @@ class VPeer:
     incarnation: int = 0  # bumped when its process dies or starts (its heartbeat belongs to one)
     # a liar's report of a round as it tells each reader (``Simulation._publish``): what it serves when asked too
     told: dict[int, Callable[["VPeer"], core.Report]] = field(default_factory=dict)
+    traffic: traffic.Counters = field(default_factory=traffic.Counters)  # what it moved (``Simulation._fetch``)
+    compute_from: dict[int, float] = field(default_factory=dict)  # round -> when its compute of it began
+    members_read: float = 0.0  # the member records read up to this time (``Simulation._read_members``)
+    holdings_at: tuple[int, float] = (-1, -1.0)  # (round, poll) of its last holdings write
+    holdings_read: tuple[int, float] = (-1, -1.0)  # and of its last holdings read
 
     def tail(self) -> tuple[chain.Link, ...]:
         return tuple((k, self.hashes[k]) for k in sorted(self.hashes)[-TAIL:] if k >= 0)
@@ -330,6 +349,15 @@ class Simulation:
         self.bw = {q: sc.bandwidth_bps / sc.link_spread ** links.random() for q in self.peers}
         self.lat = {q: sc.latency_s * sc.link_spread ** links.random() for q in self.peers}
         self.loss = random.Random(f"{sc.seed}/loss")
+        # links shared in turn: when each peer's upload and download are next free (``_fetch``)
+        self.up_free: dict[str, float] = dict.fromkeys(self.peers, 0.0)
+        self.down_free: dict[str, float] = dict.fromkeys(self.peers, 0.0)
+        self.copies = CopyBudget(sc.own_copies, copy_window_s(sc.params.min_deadline_s))  # the senders' budgets
+        # an update's digest -> its copies fetched or being fetched: (when the fetch ends, by whom)
+        self.holders: dict[str, list[tuple[float, str]]] = defaultdict(list)
+        self.holding_writers: dict[int, int] = defaultdict(int)  # round -> peers that listed what they hold
+        self.sources = random.Random(f"{sc.seed}/sources")  # which holder a fetcher turns to
+        self.blob_cap = max(1, BLOB_BUDGET // max(1, sc.update_bytes))  # updates a peer's blob store holds
         self.now, self.events, self._seq = 0.0, 0, 0
         self._heap: list[tuple[float, int, Callable[..., None], tuple]] = []  # (time, seq, fn, args)
         self.decided: dict[tuple[int, str, int], bytes] = {}  # (round, chain, side) -> the first set applied on it
@@ -419,9 +447,18 @@ class Simulation:
         return self._summary(time.perf_counter() - t0)
 
     def _begin(self, p: VPeer) -> None:
-        """p's process starts with the run (or ``Scenario.starts`` late): its first record, its first round."""
+        """p's process starts with the run (or ``Scenario.starts`` late): its first record, then its first round
+        once ``min_peers`` trainers are in sight, itself included (Peer._wait_for_peers, read every POLL_S)."""
         self._heartbeat(p)
-        self._compute(p, 0)
+        self._when_enough(p, p.gen)
+
+    def _when_enough(self, p: VPeer, gen: int) -> None:
+        if gen != p.gen or not p.alive:
+            return
+        if 1 + len(self._sight(p)[0]) >= self.sc.min_peers:
+            self._compute(p, 0)
+        else:
+            self.at(self.now + POLL_S, self._when_enough, p, gen)
 
     # --- the network -------------------------------------------------------------------------------
 
@@ -560,8 +597,10 @@ class Simulation:
         if p.offer is None or p.offer[0] != tail:
             p.offer = (tail, chain_, dict(p.applied), dict(p.ledger), p.reputation)
         record = (tail, p.offer, PACE_LIE_S if p.lie == "stretch" else p.step_s * self.sc.inner_steps)
+        self._read_members(p)
         p.records[p.id] = (self.now, *record)
         p.held += 1
+        p.traffic.records_written += 1 + 2 * bool(hashes)  # with a weight report and a state offer
         for k, h in hashes:
             p.weights[k][p.id] = h
 
@@ -638,7 +677,7 @@ class Simulation:
         # (no writer) and what came while it was down are gone
         p.mail = {k: box for k, box in ((k, [e for e in box if e[0] >= self.now and e[2] is not None])
                                         for k, box in p.mail.items()) if box}
-        p.stamps = {}
+        p.stamps, p.members_read = {}, self.now
         p.follow, p.waiting, p.computed, p.chores = chain.Follow(), None, -1, None
         self._revote(p)
         self._heartbeat(p)
@@ -668,6 +707,10 @@ class Simulation:
             self._revote(p)
             p.busy_until = self.now + _download_s(dead, JOIN_LOOK_S) + \
                 self._transfer_s(None, p.id, missed if how is sync_rules.CatchUp.REPLAY else self.sc.state_bytes)
+            if how is sync_rules.CatchUp.REPLAY:
+                p.traffic.update_bytes_down += missed
+            else:
+                p.traffic.state_bytes_down += self.sc.state_bytes
             self.downloads += how is sync_rules.CatchUp.DOWNLOAD
             self.catchups += how is sync_rules.CatchUp.REPLAY
             self.far_states += start > self.sc.rounds and not p.lie  # past the run's end: only a liar offers one
@@ -755,7 +798,9 @@ class Simulation:
             self._abstain(p, r)
             self._compute(p, r + 1, may_abstain=False)
             return
-        t0 = max(self.now, p.busy_until)
+        t0 = max(self.now, p.busy_until) + self.sc.busy_s
+        p.compute_from = {k: v for k, v in p.compute_from.items() if k >= r - 2}
+        p.compute_from[r] = t0
         step_s = self.sc.compute_s * p.slowness * (1 + self.sc.spread * (2 * self.rng.random() - 1)) / self.sc.inner_steps
         self.at(t0, self._poll, p, r, t0, step_s, p.gen, pace)
 
@@ -863,6 +908,56 @@ class Simulation:
         self._check(p, r, lingering=True)
         self.at(self.now + LOOK_S, lambda: self._linger(p, r, until, gen))
 
+    # --- what a peer reads ------------------------------------------------------------------------
+    # The node reads the DHT by polling, and a read of a key returns every value under it. These count its reads
+    # at the node's rates, each returning what had reached the reader by then: the member records every
+    # MEMBERS_READ_S plus a read; while it computes a round, that round's announcements every POLL_S plus a read (the clock's
+    # cut time); while it decides one, its announcements and reports every round.POLL_S plus two reads (the
+    # agreement's poll), and the reports once more when it settles; a round's weight reports at its hash check;
+    # the round's holdings at each poll that starts a fetch (``_fetch``).
+
+    def _read(self, p: VPeer, table: str, records: float, each: int) -> None:
+        p.traffic.read(table, records, each)
+
+    def _read_members(self, p: VPeer) -> None:
+        """The member records p read since the last count: its sight's records, every MEMBERS_READ_S."""
+        if p.alive:
+            every = MEMBERS_READ_S + self.sc.dht_read_s
+            self._read(p, "members", (1 + len(self._sight(p)[0])) * (self.now - p.members_read) / every,
+                       sizes.member(TAIL))
+        p.members_read = self.now
+
+    def _announcements_read(self, p: VPeer, r: int, since: float, every: float, until: float | None = None) -> float:
+        """Round r's announcements that p's reads every ``every`` seconds from ``since`` until ``until`` (now)
+        returned: each one from its first sighting on (a read returns what reached p by then)."""
+        until = self.now if until is None else until
+        return sum(max(0.0, until - max(t, since)) for t in self._announced(p, r).values()) / every
+
+    def _read_while_computing(self, p: VPeer, r: int) -> None:
+        """While it computed round r, p read r's announcements every POLL_S, and r - 1's too until half the
+        trainers in its sight had announced r (clock.CutTime predicts the cut time from the round before)."""
+        since = p.compute_from.get(r)
+        if since is not None:
+            every = POLL_S + self.sc.dht_read_s
+            read = self._announcements_read(p, r, since, every)
+            if r > 0:
+                times = sorted(self._announced(p, r).values())
+                need = (len(self._sight(p)[0]) + 1) // 2
+                anchor = times[need - 1] if 0 < need <= len(times) else self.now
+                read += self._announcements_read(p, r - 1, since, every, until=min(self.now, max(since, anchor)))
+            self._read(p, "updates", read, sizes.announcement())
+        self._read_members(p)
+
+    def _read_while_deciding(self, p: VPeer, c: core.RoundCore) -> None:
+        """From its core's opening to its decision p polled every round.POLL_S: the round's announcements, and its
+        reports (they came during it: each poll returns half of them on average)."""
+        every = core.POLL_S + 2 * self.sc.dht_read_s
+        r, polls = c.round_, 1 + (self.now - c.start) / every
+        seen = self._announcements_read(p, r, c.start, every) + len(self._announced(p, r))
+        self._read(p, "updates", seen, sizes.announcement())
+        n = len(c.reports)
+        self._read(p, "reports", n * (polls + 1) / 2, sizes.report(len(c.first_seen)))
+
     def _announce(self, p: VPeer, r: int) -> None:
         self._split_or_heal(r)
         self._churn(r)
@@ -872,13 +967,12 @@ class Simulation:
         # a digest names one content: a round announced again on the same chain (after a re-sync) is the same
         # update to every reader, as its first announcement was
         self.content.setdefault(digest, self._content(p, r))
+        self._read_while_computing(p, r)
         self._open(p, r, sender=r not in p.abstained, digest=digest)  # a round sat out is never reported on
-        stamped, off, size = self.now + self.off[p.id], self.off, self.sc.update_bytes
-        deliver, post, transfer = self._deliver, self._post, self._transfer_s
-        lat, bw, half, lossless = self.lat, self.bw, self.lat[p.id], not self.sc.loss_p
-
-        def fetched(q: VPeer, now: float) -> None:
-            self._fetched(q, r, p, digest, now)
+        p.traffic.records_written += 1
+        p.traffic.hold(self.blob_cap)
+        stamped, off = self.now + self.off[p.id], self.off
+        deliver, post, fetch = self._deliver, self._post, self._fetch
 
         def seen(q: VPeer, now: float) -> None:
             # the DHT gives its age on the reader's clock from the announcer's stamp (clamped to 0..600 s)
@@ -886,19 +980,59 @@ class Simulation:
             if r >= q.newest - 2:
                 q.announcers_of[r].setdefault(p.id, now - age)
             # q's poll (now: its time) starts the fetch; a later poll takes it once it ended (exchange.py's reap)
-            start = self.now
-            deliver(q, r, core.Announced(now, p.id, now - age), core.FetchStarted(start, p.id))
-            # _transfer_s's sums, inlined when no attempt is lost (nothing to draw): one per announcement and reader
-            took = (half + lat[q.id]) / 2 + size * 8 / min(bw[p.id], bw[q.id]) if lossless else \
-                transfer(p.id, q.id, size)
-            post(q, start + took, None, fetched)
+            deliver(q, r, core.Announced(now, p.id, now - age), core.FetchStarted(self.now, p.id))
+            end, via = fetch(p, q, r, digest)
+            post(q, end, None, lambda q, now: self._fetched(q, r, p, digest, now, via))
 
         self._broadcast(p, seen)
         self._compute(p, r + 1)
 
-    def _fetched(self, q: VPeer, r: int, p: VPeer, digest: str, now: float) -> None:
-        """q's fetch of p's update of round r ended at ``now``: verified, or without the bytes (a withholder's)."""
-        self._deliver(q, r, core.FetchEnded(now, p.id) if p.lie == "withhold" else core.Verified(now, p.id, digest))
+    def _fetch(self, p: VPeer, q: VPeer, r: int, digest: str) -> tuple[float, str]:
+        """When q's fetch of p's update of round r ends, and from whom. The sender serves its copies within its
+        budget (protocol/gossip.py: ``own_copies`` a window); past them q fetches from a random peer in its reach
+        that holds a copy (the node's holdings), or, while none does yet, from the first whose copy arrives,
+        once it has (the node's fetcher, told 'busy', tries the holders again). Each link carries one transfer
+        at a time at its full speed: a transfer begins once the uploader's and the downloader's earlier ones
+        ended (their sum is what shared links take), and is tried again after RETRY_S for each attempt lost
+        (``loss_p``). q also reads the round's holdings."""
+        via, ready = p.id, self.now
+        if not self.copies.take(digest, self.now):
+            reach = [(t, h) for t, h in self.holders[digest] if self.peers[h].alive and self._linked(self.peers[h], q)]
+            held = [h for t, h in reach if t <= self.now]
+            if held:
+                via = held[self.sources.randrange(len(held))]
+            elif reach:
+                ready, via = min(reach)
+        if q.holdings_read != (r, self.now):  # the fetches a poll starts share one read (transport.READ_SHARE_S)
+            q.holdings_read = (r, self.now)
+            q.traffic.read("holdings", self.holding_writers[r], sizes.holdings(len(q.announcers_of.get(r, ()))))
+        size = self.sc.update_bytes
+        once = size * 8 / min(self.bw[via], self.bw[q.id])
+        begin = max(ready, self.up_free[via], self.down_free[q.id])
+        self.up_free[via] = self.down_free[q.id] = begin + once
+        t = begin + self._latency(via, q.id) + once
+        while self.sc.loss_p and self.loss.random() < self.sc.loss_p:
+            t += RETRY_S + once
+        if p.lie != "withhold":  # nobody holds what its sender never served
+            self.holders[digest].append((t, q.id))
+        return t, via
+
+    def _fetched(self, q: VPeer, r: int, p: VPeer, digest: str, now: float, via: str) -> None:
+        """q's fetch of p's update of round r ended at ``now``: verified, or without the bytes (a withholder's).
+        A verified update is held and served on, and q lists its holdings once per poll that verified one."""
+        if p.lie == "withhold":
+            self._deliver(q, r, core.FetchEnded(now, p.id))
+            return
+        size = self.sc.update_bytes
+        q.traffic.update_bytes_down += size
+        self.peers[via].traffic.update_bytes_up += size
+        q.traffic.hold(self.blob_cap)
+        if q.holdings_at != (r, self.now):
+            if q.holdings_at[0] != r:
+                self.holding_writers[r] += 1
+            q.holdings_at = (r, self.now)
+            q.traffic.records_written += 1
+        self._deliver(q, r, core.Verified(now, p.id, digest))
 
     def _open(self, p: VPeer, r: int, sender: bool, digest: str = "") -> core.RoundCore:
         """Round r's core on p, on the hash p applied for r - 1: with its own update (``sender``) or as an
@@ -984,6 +1118,7 @@ class Simulation:
             elif isinstance(a, core.AskWitnesses):
                 self.at(self.now + 2 * self.sc.latency_s, self._answer, p, c, a.witnesses, self.now + a.wait_s)
             elif isinstance(a, core.Decided):
+                self._read_while_deciding(p, c)
                 if a.fps is None:
                     self.undecided += 1
                 if a.how is core.HowDecided.MAX_WAIT and not p.lie:
@@ -1014,10 +1149,16 @@ class Simulation:
 
     def _answer(self, p: VPeer, c: core.RoundCore, witnesses: tuple[str, ...], deadline: float) -> None:
         """The witnesses p asked serve their reports of the round (Agreement.ask: a stream to each), a liar the one
-        its policy tells p. The ask ends when every stream has: the node's transport asks again a witness that
-        served nothing (no report yet, its process dead, its link cut, a sybil key with no process) until the ask's
-        deadline, so an ask that did not hear from every witness ends at its deadline, not once the live ones
-        answered (kinder than the node; tests/test_virtual.py, asking the witnesses)."""
+        its policy tells p. The node's transport asks again a witness that served nothing (no report yet, its
+        process dead, its link cut, a sybil key with no process) until the ask's deadline: an ask that did not
+        hear from every witness at once ends at its deadline, with the reports they had by then."""
+        got = self._served(p, c, witnesses)
+        if len(got) == len(witnesses) or deadline <= self.now:
+            self._asked(p, c, got)
+        else:
+            self.at(deadline, lambda: self._asked(p, c, self._served(p, c, witnesses)))
+
+    def _served(self, p: VPeer, c: core.RoundCore, witnesses: tuple[str, ...]) -> list[core.Report]:
         r, got = c.round_, []
         for w in witnesses:
             q = self.peers.get(w)
@@ -1026,11 +1167,7 @@ class Simulation:
             held = q.cores.get(r)
             if held is not None and held.base == c.base and q.id in held.reports:
                 got.append(q.told[r](p) if q.lie and r in q.told else held.reports[q.id])
-        end = self.now if len(got) == len(witnesses) else deadline
-        if end > self.now:
-            self.at(end, self._asked, p, c, got)
-        else:
-            self._asked(p, c, got)
+        return got
 
     def _asked(self, p: VPeer, c: core.RoundCore, got: list[core.Report]) -> None:
         if c.phase is core.Phase.DECIDING and p.alive and p.cores.get(c.round_) is c:
@@ -1038,6 +1175,8 @@ class Simulation:
 
     def _apply(self, p: VPeer, r: int) -> None:
         c = p.cores[r]
+        self._read(p, "reports", len(c.reports), sizes.report(len(c.first_seen)))  # the second count reads them again
+        p.traffic.applied_one(self.now)
         settled = c.settle()
         if self.sc.rule == "leader":  # the rule before witnesses: the first counted report in id order stands
             counted = c._counted()
@@ -1212,7 +1351,9 @@ class Simulation:
     def _read_check(self, p: VPeer, r: int, lingering: bool) -> Findings:
         """What the chores read of round r (``Findings``), as chores.off_majority and Peer._settle_chores read it."""
         counts_for = self._votes(p)
-        votes = {q: h for q, h in p.weights.get(r, {}).items() if counts_for(q)}
+        reported = p.weights.get(r, {})
+        self._read(p, "weights", len(reported), sizes.weights(len(p.sets.get(r, ()))))
+        votes = {q: h for q, h in reported.items() if counts_for(q)}
         off, best, tails, mine = False, None, self._tails(p), p.hashes.get(r)
         if r >= 0 and votes and mine is not None:
             best = majority_of(votes)[0]
@@ -1317,6 +1458,7 @@ class Simulation:
         p.gen += 1
         was_done, p.done = p.done, False
         p.busy_until = self.now + lost + self._transfer_s(None, p.id, self.sc.state_bytes)
+        p.traffic.state_bytes_down += self.sc.state_bytes
         p.hashes = {k: h for k, h in hashes.items() if k <= newest}
         p.applied = {k: f for k, f in applied.items() if k <= newest}
         p.ledger, p.senders = dict(ledger), frozenset()
@@ -1383,6 +1525,7 @@ class Simulation:
                 "liar_screens": dict(sorted(Counter(why for p in self.peers.values() if not p.lie
                                                     for r in p.reasons for q, why in p.reasons[r].items()
                                                     if q in liars).items())),
+                "traffic": traffic.summary(p.traffic.row() for p in self.peers.values() if not p.lie),
                 "stalled": self.stalled, "per_round": [{"round": r, **self.per_round[r]} for r in sorted(self.per_round)],
                 "events": self.events, "virtual_s": round(self.now, 3), "wall_s": round(wall, 3),
                 "scenario": {k: v for k, v in asdict(self.sc).items() if k != "params"}}

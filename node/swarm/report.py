@@ -47,6 +47,12 @@ class PeerSummary:
     own_update_bytes_up: int = 0  # copies of this peer's own updates uploaded (the rest of bytes_up is relaying)
     dht_reads: int = 0  # DHT reads made, and those answered by another thread's read of the same key just before
     dht_reads_shared: int = 0
+    state_bytes_down: int = 0  # of bytes_down, state chunks fetched (the rest is updates)
+    # DHT records over the run (Transport.records): reads, records_read, record_bytes_read, records_written,
+    # record_bytes_written; and the same by table
+    records: dict[str, int] = field(default_factory=dict)
+    records_by_table: dict[str, dict[str, int]] = field(default_factory=dict)
+    peak_updates_held: int = 0  # the most updates its blob store held at once
     # this clock against the peers' (protocol/skew.py), as last measured; None when no peer answered a ping
     clock_ahead_s: float | None = None
     clock_error_s: float | None = None

@@ -39,6 +39,7 @@ from hivemind.utils.multiaddr import Multiaddr
 
 from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm.identity import Identity, peer_id_from_dht_owner
+from gradnode.protocol.gossip import CopyBudget, copy_window_s
 from gradnode.protocol.records import update_sender
 from gradnode.protocol.skew import MAX_SKEW_S, Sample
 
@@ -245,16 +246,22 @@ class BlobStore:
         self._blobs: OrderedDict[str, bytes] = OrderedDict()
         self._size = 0
         self._lock = threading.Lock()
+        self._updates = 0  # blobs held now that are updates ('u/...' names)
+        self.peak_updates = 0  # the most updates held at once
 
     def put(self, name: str, data: bytes) -> None:
         with self._lock:
             if name in self._blobs:
                 self._size -= len(self._blobs.pop(name))
+                self._updates -= name.startswith("u/")
             self._blobs[name] = data
             self._size += len(data)
+            self._updates += name.startswith("u/")
             while self._size > self.max_bytes and len(self._blobs) > 1:
-                _, old = self._blobs.popitem(last=False)
+                old_name, old = self._blobs.popitem(last=False)
                 self._size -= len(old)
+                self._updates -= old_name.startswith("u/")
+            self.peak_updates = max(self.peak_updates, self._updates)
 
     def get(self, name: str) -> bytes | None:
         with self._lock:
@@ -264,6 +271,7 @@ class BlobStore:
         with self._lock:
             for name in [n for n in self._blobs if not keep(n)]:
                 self._size -= len(self._blobs.pop(name))
+                self._updates -= name.startswith("u/")
 
     def names(self) -> list[str]:
         with self._lock:
@@ -305,32 +313,50 @@ class _ManyKeys(RSASignatureValidator):
         return record.value
 
 
-class CopyBudget:
-    """The copies of its own update a peer serves: at most ``cap`` in any ``window_s`` (0: no cap).
+class RecordTraffic:
+    """DHT records this peer read and wrote, by table (the key's kind: members, updates, reports, ...): how
+    many values its reads returned and their bytes, how many it stored and their bytes. What the DHT process
+    moves to answer them (its lookups, the copies of other nodes) is not counted here."""
 
-    Past the budget the peer answers 'busy', and fetchers turn to the peers that already hold a copy
-    (gossip). The budget refills each window, for the whole round, so the sender's upload is at most
-    ``cap`` copies per window whatever the number of fetchers. A fetcher that takes a copy and serves
-    none holds the others up for one window, never for the round."""
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.by_table: dict[str, list[int]] = {}  # table -> [reads, records read, record bytes read, writes, bytes]
+        self.read_s = 0.0  # seconds the reads took, all together
 
-    def __init__(self, cap: int, window_s: float) -> None:
-        self.cap, self.window_s = cap, window_s
-        self.windows: dict[str, tuple[int, float]] = {}  # blob name -> (copies in its window, window start)
+    def _row(self, key: str) -> list[int]:
+        parts = key.split("/")
+        table = parts[2] if len(parts) > 2 else key
+        return self.by_table.setdefault(table, [0, 0, 0, 0, 0])
 
-    def take(self, name: str, now: float) -> bool:
-        """Whether a copy of ``name`` may be served at ``now``; a copy allowed is counted."""
-        if not self.cap:
-            return True
-        copies, start = self.windows.get(name, (0, now))
-        if now - start >= self.window_s:
-            copies, start = 0, now
-        if copies >= self.cap:
-            return False
-        self.windows[name] = (copies + 1, start)
-        return True
+    def read(self, key: str, records: int, size: int, seconds: float) -> None:
+        with self._lock:
+            self.read_s += seconds
+            row = self._row(key)
+            row[0] += 1
+            row[1] += records
+            row[2] += size
 
-    def forget(self, gone: Callable[[str], bool]) -> None:
-        self.windows = {n: v for n, v in self.windows.items() if not gone(n)}
+    def wrote(self, key: str, size: int) -> None:
+        with self._lock:
+            row = self._row(key)
+            row[3] += 1
+            row[4] += size
+
+    def totals(self) -> dict[str, int]:
+        with self._lock:
+            rows = list(self.by_table.values())
+        return {"reads": sum(r[0] for r in rows), "records_read": sum(r[1] for r in rows),
+                "record_bytes_read": sum(r[2] for r in rows), "records_written": sum(r[3] for r in rows),
+                "record_bytes_written": sum(r[4] for r in rows), "read_ms": round(1000 * self.read_s)}
+
+    def records_read_by_table(self) -> dict[str, int]:
+        with self._lock:
+            return {t: r[1] for t, r in sorted(self.by_table.items())}
+
+    def tables(self) -> dict[str, dict[str, int]]:
+        with self._lock:
+            return {t: dict(zip(("reads", "records_read", "record_bytes_read", "records_written",
+                                 "record_bytes_written"), r)) for t, r in sorted(self.by_table.items())}
 
 
 class Transport:
@@ -345,9 +371,10 @@ class Transport:
         self.blobs = BlobStore(blob_budget)
         self.bytes_up = 0
         self.bytes_down = 0
+        self.state_bytes_down = 0  # of bytes_down, state chunks fetched (joining, re-syncing)
         self.upload_slots = upload_slots  # concurrent uploads per blob; more get 'busy' and go elsewhere
         self._serving: dict[str, int] = {}
-        self._own_copies = CopyBudget(cfg.own_update_copies, min(2.0, 0.5 * cfg.min_deadline_s))
+        self._own_copies = CopyBudget(cfg.own_update_copies, copy_window_s(cfg.min_deadline_s))
         self._state_uploads = 0  # state chunks being uploaded now (bounded by cfg.state_upload_slots)
         self.state_bytes_up = 0  # of bytes_up, state chunks served to joiners
         self.own_update_bytes_up = 0  # of bytes_up, copies of this peer's own updates (served or pushed)
@@ -375,11 +402,20 @@ class Transport:
         self._reads: dict[str, tuple[float, list[tuple[str | None, bytes]] | None]] = {}
         self._reads_lock = threading.Lock()
         self.dht_reads = 0  # reads that went to the DHT
+        self.records = RecordTraffic()  # what those reads returned and what this peer stored, by table
         self.reads_shared = 0  # DHT reads answered from a read of the same key less than READ_SHARE_S old
         self._closed = False
         self._sockdir: str | None = None
         self._maddrs: list[str] | None = None  # the addresses last visible (maddrs)
         self.blocked: frozenset[str] = frozenset()  # testing aid: peers of a simulated partition (see _watch_cut)
+
+    def traffic(self) -> dict[str, Any]:
+        """What this peer moved so far, as node/sim/traffic.py names it (one snapshot of its counters)."""
+        t = self.records.totals()
+        return {"update_bytes_down": self.bytes_down - self.state_bytes_down,
+                "update_bytes_up": self.bytes_up - self.state_bytes_up, "records_read": t["records_read"],
+                "records_written": t["records_written"], "record_bytes_read": t["record_bytes_read"],
+                "tables": self.records.records_read_by_table()}
 
     # --- lifecycle -------------------------------------------------------------------------------------
 
@@ -556,6 +592,7 @@ class Transport:
             self._check_dht_alive()
             with self._dht_lock:
                 fut = self._dht.store(key, value, self.now() + ttl, subkey=subkey, return_future=True)
+            self.records.wrote(key, len(value))
             return bool(fut.result(timeout))
         except Exception as err:
             # closed meanwhile (the peer is ending): an expected failure, not news
@@ -615,8 +652,10 @@ class Transport:
             log.info("dht get slow key=%s seconds=%.1f", key, time.monotonic() - t0)
         if found is None or not isinstance(found.value, dict):
             return []
-        return [(self._owner(subkey), v.value, v.expiration_time) for subkey, v in found.value.items()
-                if isinstance(v.value, bytes)]
+        out = [(self._owner(subkey), v.value, v.expiration_time) for subkey, v in found.value.items()
+               if isinstance(v.value, bytes)]
+        self.records.read(key, len(out), sum(len(v) for _, v, _ in out), time.monotonic() - t0)
+        return out
 
     def _owner(self, subkey: Any) -> str | None:
         if subkey not in self._owners:
@@ -733,7 +772,9 @@ class Transport:
                 return None
             if length > max_bytes:
                 raise ValueError(f"blob {name} of {length} bytes exceeds the cap {max_bytes}")
-            return await self._read_body(reader, length, peer)
+            body = await self._read_body(reader, length, peer)
+            self.state_bytes_down += length if name.startswith("s/") else 0
+            return body
         finally:
             writer.close()
 

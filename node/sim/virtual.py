@@ -911,19 +911,16 @@ class Simulation:
     # --- what a peer reads ------------------------------------------------------------------------
     # The node reads the DHT by polling, and a read of a key returns every value under it. These count its reads
     # at the node's rates, each returning what had reached the reader by then: the member records every
-    # MEMBERS_READ_S plus a read; while it computes a round, that round's announcements every POLL_S plus a read (the clock's
-    # cut time); while it decides one, its announcements and reports every round.POLL_S plus two reads (the
-    # agreement's poll), and the reports once more when it settles; a round's weight reports at its hash check;
-    # the round's holdings at each poll that starts a fetch (``_fetch``).
-
-    def _read(self, p: VPeer, table: str, records: float, each: int) -> None:
-        p.traffic.read(table, records, each)
+    # MEMBERS_READ_S plus a read; while it computes a round, that round's announcements every POLL_S plus a read
+    # (the clock's cut time); while it decides one, its announcements and reports every round.POLL_S plus two
+    # reads (the agreement's poll), and the reports once more when it settles; a round's weight reports at its
+    # hash check; the round's holdings at each poll that starts a fetch (``_fetch``).
 
     def _read_members(self, p: VPeer) -> None:
         """The member records p read since the last count: its sight's records, every MEMBERS_READ_S."""
         if p.alive:
             every = MEMBERS_READ_S + self.sc.dht_read_s
-            self._read(p, "members", (1 + len(self._sight(p)[0])) * (self.now - p.members_read) / every,
+            p.traffic.read("members", (1 + len(self._sight(p)[0])) * (self.now - p.members_read) / every,
                        sizes.member(TAIL))
         p.members_read = self.now
 
@@ -945,7 +942,7 @@ class Simulation:
                 need = (len(self._sight(p)[0]) + 1) // 2
                 anchor = times[need - 1] if 0 < need <= len(times) else self.now
                 read += self._announcements_read(p, r - 1, since, every, until=min(self.now, max(since, anchor)))
-            self._read(p, "updates", read, sizes.announcement())
+            p.traffic.read("updates", read, sizes.announcement())
         self._read_members(p)
 
     def _read_while_deciding(self, p: VPeer, c: core.RoundCore) -> None:
@@ -954,9 +951,9 @@ class Simulation:
         every = core.POLL_S + 2 * self.sc.dht_read_s
         r, polls = c.round_, 1 + (self.now - c.start) / every
         seen = self._announcements_read(p, r, c.start, every) + len(self._announced(p, r))
-        self._read(p, "updates", seen, sizes.announcement())
+        p.traffic.read("updates", seen, sizes.announcement())
         n = len(c.reports)
-        self._read(p, "reports", n * (polls + 1) / 2, sizes.report(len(c.first_seen)))
+        p.traffic.read("reports", n * (polls + 1) / 2, sizes.report(len(c.first_seen)))
 
     def _announce(self, p: VPeer, r: int) -> None:
         self._split_or_heal(r)
@@ -1007,12 +1004,9 @@ class Simulation:
             q.holdings_read = (r, self.now)
             q.traffic.read("holdings", self.holding_writers[r], sizes.holdings(len(q.announcers_of.get(r, ()))))
         size = self.sc.update_bytes
-        once = size * 8 / min(self.bw[via], self.bw[q.id])
         begin = max(ready, self.up_free[via], self.down_free[q.id])
-        self.up_free[via] = self.down_free[q.id] = begin + once
-        t = begin + self._latency(via, q.id) + once
-        while self.sc.loss_p and self.loss.random() < self.sc.loss_p:
-            t += RETRY_S + once
+        self.up_free[via] = self.down_free[q.id] = begin + size * 8 / min(self.bw[via], self.bw[q.id])
+        t = begin + self._transfer_s(via, q.id, size)
         if p.lie != "withhold":  # nobody holds what its sender never served
             self.holders[digest].append((t, q.id))
         return t, via
@@ -1175,7 +1169,7 @@ class Simulation:
 
     def _apply(self, p: VPeer, r: int) -> None:
         c = p.cores[r]
-        self._read(p, "reports", len(c.reports), sizes.report(len(c.first_seen)))  # the second count reads them again
+        p.traffic.read("reports", len(c.reports), sizes.report(len(c.first_seen)))  # the second count reads them again
         p.traffic.applied_one(self.now)
         settled = c.settle()
         if self.sc.rule == "leader":  # the rule before witnesses: the first counted report in id order stands
@@ -1352,7 +1346,7 @@ class Simulation:
         """What the chores read of round r (``Findings``), as chores.off_majority and Peer._settle_chores read it."""
         counts_for = self._votes(p)
         reported = p.weights.get(r, {})
-        self._read(p, "weights", len(reported), sizes.weights(len(p.sets.get(r, ()))))
+        p.traffic.read("weights", len(reported), sizes.weights(len(p.sets.get(r, ()))))
         votes = {q: h for q, h in reported.items() if counts_for(q)}
         off, best, tails, mine = False, None, self._tails(p), p.hashes.get(r)
         if r >= 0 and votes and mine is not None:

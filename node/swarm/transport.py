@@ -350,8 +350,7 @@ class RecordTraffic:
                 "record_bytes_written": sum(r[4] for r in rows), "read_ms": round(1000 * self.read_s)}
 
     def records_read_by_table(self) -> dict[str, int]:
-        with self._lock:
-            return {t: r[1] for t, r in sorted(self.by_table.items())}
+        return {t: row["records_read"] for t, row in self.tables().items()}
 
     def tables(self) -> dict[str, dict[str, int]]:
         with self._lock:

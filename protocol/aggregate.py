@@ -3,6 +3,8 @@
 Determinism: contributions are sorted by (sender, digest, weight), each is scaled by a coefficient
 computed in Python floats, and summed in that order with separate multiply and add ops (one IEEE
 rounding each, no fused multiply-add), so the result is bit-identical whatever the arrival order.
+Each update is added as it was sent (wire.SparseTensor: positions and values): skipping the coordinates it
+did not send skips additions of zero, which change no sum, so the result equals the dense sum bit for bit.
 Clipping: each update is scaled down to the median norm of the round (Templar), which bounds what a
 single peer with a huge or malicious update can do. The 'robust' rule (screens, then coord_mean of what
 passes, with a reputation table) is ``robust_aggregate`` in protocol/robust.py.
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from gradnode.protocol.wire import DecodedUpdate
+from gradnode.protocol.wire import DecodedUpdate, SparseTensor
 
 RULES = ("mean", "coord_mean")
 
@@ -26,17 +28,17 @@ RULES = ("mean", "coord_mean")
 @dataclass
 class _Contribution:
     key: tuple[str, bytes]
-    tensors: Mapping[str, Tensor]
-    masks: Mapping[str, Tensor] | None
+    tensors: Mapping[str, SparseTensor]
     norm: float
 
 
 def _contribution(u: DecodedUpdate | Mapping[str, Tensor], index: int) -> _Contribution:
     if isinstance(u, DecodedUpdate):
-        return _Contribution((u.sender, u.digest), u.tensors, u.masks, u.norm)
-    # plain tensors: the caller's order is the canonical order; every coordinate counts as sent
+        return _Contribution((u.sender, u.digest), u.sparse, u.norm)
+    # plain tensors: the caller's order is the canonical order; the nonzero coordinates count as sent
     sq = math.fsum(float(t.double().square().sum().item()) for _, t in sorted(u.items()))
-    return _Contribution(("", index.to_bytes(4, "big")), u, None, math.sqrt(sq))
+    return _Contribution(("", index.to_bytes(4, "big")), {n: SparseTensor.from_dense(t) for n, t in u.items()},
+                         math.sqrt(sq))
 
 
 def clip_scales(norms: Sequence[float]) -> list[float]:
@@ -84,17 +86,18 @@ def aggregate(updates: Sequence[DecodedUpdate | Mapping[str, Tensor]], weights: 
     total_w = math.fsum(ws)
     out: dict[str, Tensor] = {}
     for name in sorted(shapes):
-        acc = torch.zeros_like(contribs[order[0]].tensors[name], dtype=torch.float32)
+        first = contribs[order[0]].tensors[name]
+        acc = first.values.new_zeros(first.numel)
         if rule == "mean":
             for i, w, s in zip(order, ws, scales):
-                acc.add_(contribs[i].tensors[name].float() * (w * s / total_w))
+                sp = contribs[i].tensors[name]
+                sp.add_to(acc, sp.values * (w * s / total_w))
         else:
             denom = torch.zeros_like(acc)
             for i, w, s in zip(order, ws, scales):
-                t = contribs[i].tensors[name].float()
-                masks = contribs[i].masks
-                acc.add_(t * (w * s))
-                denom.add_((masks[name] if masks is not None else t != 0).to(acc.dtype) * w)
+                sp = contribs[i].tensors[name]
+                sp.add_to(acc, sp.values * (w * s))
+                sp.add_to(denom, torch.ones_like(sp.values) * w)
             acc = torch.where(denom > 0, acc / denom.clamp(min=1e-30), acc.new_zeros(()))
-        out[name] = acc
+        out[name] = acc.reshape(shapes[name])
     return out

@@ -185,17 +185,18 @@ def _check_padding(section: Tensor, nbits: int, what: str) -> None:
 
 
 def decode_tensor(shape: tuple[int, ...], params: CodecParams, meta: dict[str, Any], sizes: SectionSizes,
-                  sections: list[Tensor], device: torch.device) -> tuple[Tensor, Tensor, list[int], Tensor]:
-    """Body sections (uint8 CPU tensors) -> (dense fp32, mask of sent coordinates, per-level counts, levels).
+                  sections: list[Tensor], device: torch.device) -> tuple[Tensor | None, Tensor, list[int], Tensor]:
+    """Body sections (uint8 CPU tensors) -> (flat positions sent, sorted int64, or None for all of them; their
+    fp32 values; per-level counts; levels). What was sent, never a dense copy: receivers hold it until the round
+    is applied.
 
     Raises ProtocolError for anything a well-behaved encoder cannot have produced.
     """
-    numel = math.prod(shape)
     if params.dense:
         values = sections[0].view(torch.float32).to(device)
         if not bool(torch.isfinite(values).all()):
             raise ProtocolError("dense tensor holds NaN or Inf")
-        return values.reshape(shape), torch.ones(shape, dtype=torch.bool, device=device), [], values
+        return None, values, [], values
     n_sel, bits = sizes.n_sel, params.bits
     levels = torch.frombuffer(bytearray(meta["levels"]), dtype=torch.float32)
     if not bool(torch.isfinite(levels).all()) or bool((levels < 0).any()):
@@ -217,10 +218,8 @@ def decode_tensor(shape: tuple[int, ...], params: CodecParams, meta: dict[str, A
     if flat_index is None:
         raise ProtocolError("indices out of range or not strictly increasing within a chunk")
     levels = levels.to(device)
-    values = dequantise(codes, levels, bits)
-    dense = torch.zeros(numel, dtype=torch.float32, device=device)
-    mask = torch.zeros(numel, dtype=torch.bool, device=device)
-    dense[flat_index] = values
-    mask[flat_index] = True
     counts = torch.bincount(codes & ((1 << (bits - 1)) - 1), minlength=levels.numel()).tolist()
-    return dense.reshape(shape), mask.reshape(shape), counts, levels
+    flat_index, order = flat_index.sort()
+    if flat_index.numel() > 1 and not bool((flat_index[1:] > flat_index[:-1]).all()):
+        raise ProtocolError("a position is sent twice")  # chunks are disjoint: a layout bug, never peer input
+    return flat_index, dequantise(codes, levels, bits)[order], counts, levels

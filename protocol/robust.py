@@ -44,26 +44,26 @@ from torch import Tensor
 
 from gradnode.protocol.aggregate import aggregate, checked_weights
 from gradnode.protocol.screening import RobustParams, Screen, judge
-from gradnode.protocol.wire import DecodedUpdate
+from gradnode.protocol.wire import DecodedUpdate, SparseTensor
 
 def fingerprint(u: DecodedUpdate | Mapping[str, Tensor]) -> bytes:
     """BLAKE2b-256 of an update's content (sorted names, shapes, the positions sent and their fp32 values),
     header excluded: the same tensors re-sent under another sender, round, signature or index coding give
-    the same fingerprint."""
-    tensors = u.tensors if isinstance(u, DecodedUpdate) else u
-    masks = u.masks if isinstance(u, DecodedUpdate) else None
+    the same fingerprint. A plain mapping's nonzero coordinates count as sent."""
+    return _fingerprint(u.sparse if isinstance(u, DecodedUpdate) else
+                        {n: SparseTensor.from_dense(t) for n, t in u.items()})
+
+
+def _fingerprint(tensors: Mapping[str, SparseTensor]) -> bytes:
     h = hashlib.blake2b(digest_size=32, person=b"gradnode-fp")
     for name in sorted(tensors):
-        t = tensors[name].detach().float().reshape(-1)
-        m = (masks[name] if masks is not None else t != 0).reshape(-1)
-        h.update(f"{name}:{tuple(tensors[name].shape)}\n".encode())
-        if bool(m.all()):  # dense: every position sent
+        sp = tensors[name]
+        h.update(f"{name}:{sp.shape}\n".encode())
+        if sp.index is None or sp.sent == sp.numel:  # dense: every position sent
             h.update(b"all")
-            h.update(t.cpu().contiguous().numpy().tobytes())
         else:
-            pos = m.nonzero().squeeze(1)
-            h.update(pos.cpu().numpy().astype("<i8").tobytes())
-            h.update(t[pos].cpu().contiguous().numpy().tobytes())
+            h.update(sp.index.cpu().numpy().astype("<i8").tobytes())
+        h.update(sp.values.detach().float().cpu().contiguous().numpy().tobytes())
     return h.digest()
 
 
@@ -71,8 +71,7 @@ def fingerprint(u: DecodedUpdate | Mapping[str, Tensor]) -> bytes:
 class _Item:
     sender: str
     digest: bytes
-    tensors: Mapping[str, Tensor]
-    masks: Mapping[str, Tensor]
+    tensors: Mapping[str, SparseTensor]
     levels: Mapping[str, Tensor]  # empty when the update is dense or a plain mapping
     source: DecodedUpdate | None
     weight: float
@@ -81,21 +80,21 @@ class _Item:
 def _item(u: DecodedUpdate | Mapping[str, Tensor], index: int, weight: float) -> _Item:
     if isinstance(u, DecodedUpdate):
         levels = u.levels if not u.params.dense else {}
-        return _Item(u.sender, u.digest, u.tensors, u.masks, levels, u, weight)
-    return _Item("", index.to_bytes(4, "big"), u, {n: t != 0 for n, t in u.items()}, {}, None, weight)
+        return _Item(u.sender, u.digest, u.sparse, levels, u, weight)
+    return _Item("", index.to_bytes(4, "big"), {n: SparseTensor.from_dense(t) for n, t in u.items()}, {}, None,
+                 weight)
 
 
-def _codes(t: Tensor, mask: Tensor, levels: list[float]) -> Tensor | None:
-    """int8 per coordinate: 0 unsent, +-(j+1) for a value of +-levels[j] (the first j when levels repeat);
-    None if a sent value is off the table (then the tensor takes the float64 path)."""
-    mag, sent = t.reshape(-1).abs(), mask.reshape(-1).bool()
-    idx = torch.zeros(mag.shape, dtype=torch.int8, device=t.device)
+def _codes(sp: SparseTensor, levels: list[float]) -> Tensor | None:
+    """int8 per position sent: +-(j+1) for a value of +-levels[j] (the first j when levels repeat); None if a
+    value is off the table (then the tensor takes the float64 path)."""
+    mag = sp.values.abs()
+    idx = torch.zeros(mag.shape, dtype=torch.int8, device=mag.device)
     for j in reversed(range(len(levels))):
         idx = torch.where(mag == levels[j], j + 1, idx).to(torch.int8)
-    idx = torch.where(sent, idx, 0).to(torch.int8)
-    if bool((idx[sent] == 0).any()):
+    if bool((idx == 0).any()):
         return None
-    return torch.where(t.reshape(-1) < 0, -idx, idx)
+    return torch.where(sp.values < 0, -idx, idx)
 
 
 class _Gram:
@@ -105,23 +104,22 @@ class _Gram:
         self.n = n
         self.terms: list[list[list[float]]] = [[[] for _ in range(n)] for _ in range(n)]
 
-    def add_sparse(self, codes: list[Tensor], values: list[list[float]]) -> None:
-        """codes: per update int8 codes of one tensor; values: per update the (capped) level values."""
+    def add_sparse(self, tensors: list[SparseTensor], codes: list[Tensor], values: list[list[float]]) -> None:
+        """Per update one tensor (its positions), its codes (``_codes``) and its (capped) level values. Each
+        pair's dot product is a sum over co-occurring (code, code) counts: where b sent nothing, its code is 0."""
         n_levels = len(values[0])
         k = 2 * n_levels + 1
         table = [[0.0] * k for _ in range(self.n)]  # code + n_levels -> value
         for i, vals in enumerate(values):
             for j, v in enumerate(vals):
                 table[i][n_levels + j + 1], table[i][n_levels - j - 1] = v, -v
-        stacked = torch.stack(codes)
         for a in range(self.n):
-            pos = stacked[a].nonzero().squeeze(1)
-            if pos.numel() == 0:
+            if codes[a].numel() == 0:
                 continue
-            sub = stacked[:, pos].long() + n_levels
-            base = sub[a] * k
+            base = (codes[a].long() + n_levels) * k
             for b in range(a, self.n):
-                counts = torch.bincount(base + sub[b], minlength=k * k).tolist()
+                counts = torch.bincount(base + _codes_at(tensors[b], codes[b], tensors[a]) + n_levels,
+                                        minlength=k * k).tolist()
                 out = self.terms[a][b]
                 for key, c in enumerate(counts):
                     if c:
@@ -142,37 +140,49 @@ class _Gram:
         return g
 
 
-def _cap_and_gram(items: list[_Item], cap: float) -> tuple[list[dict[str, Tensor]], list[bool], list[list[float]]]:
+def _codes_at(sp: SparseTensor, codes: Tensor, at: SparseTensor) -> Tensor:
+    """``sp``'s codes (int64) at the positions ``at`` sent, 0 where ``sp`` sent nothing."""
+    if sp.index is None or at.index is None:
+        assert sp.index is None and at.index is None, "codes of sparse tensors only"
+        return codes.long()
+    if sp.index.numel() == 0:
+        return torch.zeros(at.index.shape, dtype=torch.long, device=codes.device)
+    where = torch.searchsorted(sp.index, at.index).clamp(max=sp.index.numel() - 1)
+    return torch.where(sp.index[where] == at.index, codes[where].long(), 0)
+
+
+def _cap_and_gram(items: list[_Item], cap: float) -> tuple[list[dict[str, SparseTensor]], list[bool],
+                                                              list[list[float]]]:
     """Per tensor: the cap (cap x median over updates of the largest magnitude), the capped tensors,
     and the exact Gram matrix of the capped updates."""
     n = len(items)
     gram = _Gram(n)
-    capped: list[dict[str, Tensor]] = [{} for _ in items]
+    capped: list[dict[str, SparseTensor]] = [{} for _ in items]
     was_capped = [False] * n
     for name in sorted(items[0].tensors):
-        ts = [it.tensors[name].float() for it in items]
-        tops = [float(t.abs().max()) if t.numel() else 0.0 for t in ts]
+        ts = [it.tensors[name] for it in items]
+        tops = [float(t.values.abs().max()) if t.sent else 0.0 for t in ts]
         bound = cap * statistics.median(tops)
         for i, t in enumerate(ts):
             over = tops[i] > bound
             was_capped[i] |= over
-            capped[i][name] = t.clamp(-bound, bound) if over else t
+            capped[i][name] = t.with_values(t.values.clamp(-bound, bound)) if over else t
         codes = None
         if all(name in it.levels for it in items):
             levels = [[float(v) for v in it.levels[name].tolist()] for it in items]
             if len({len(lv) for lv in levels}) == 1:
-                codes = [_codes(t, it.masks[name], lv) for t, it, lv in zip(ts, items, levels)]
+                codes = [_codes(t, lv) for t, lv in zip(ts, levels)]
         if codes is not None and all(c is not None for c in codes):
-            gram.add_sparse(codes, [[min(v, bound) for v in lv] for lv in levels])  # type: ignore[misc]
+            gram.add_sparse(ts, codes, [[min(v, bound) for v in lv] for lv in levels])  # type: ignore[arg-type]
         else:
-            gram.add_dense([c[name] for c in capped])
+            gram.add_dense([c[name].dense() for c in capped])
     return capped, was_capped, gram.matrix()
 
 
 def screen(updates: Sequence[DecodedUpdate | Mapping[str, Tensor]], weights: Sequence[float] | None = None, *,
            reputation: Mapping[str, float] | None = None, previous: Collection[bytes] = (),
            params: RobustParams = RobustParams(), clip_to_median: bool = True
-           ) -> tuple[list[Screen], list[dict[str, Tensor]], list[_Item]]:
+           ) -> tuple[list[Screen], list[dict[str, SparseTensor]], list[_Item]]:
     """The screens of the module docstring: one Screen per update in (sender, digest) order, the capped
     tensors and the items, in that same order. ``reputation``: sender -> weight multiplier (0 = left out;
     absent senders 1); ``previous``: fingerprints of the previous round's decided updates."""
@@ -184,7 +194,7 @@ def screen(updates: Sequence[DecodedUpdate | Mapping[str, Tensor]], weights: Seq
         if {n: t.shape for n, t in it.tensors.items()} != shapes:
             raise ValueError(f"update {it.sender!r} does not match the others' tensors and shapes")
     n = len(items)
-    fps = [fingerprint(it.source if it.source is not None else it.tensors) for it in items]
+    fps = [_fingerprint(it.tensors) for it in items]
     capped, was_capped, gram = _cap_and_gram(items, params.value_cap)
     # the wire's exact norm where nothing was capped, so that honest rounds clip exactly as coord_mean does
     norms = [items[i].source.norm if items[i].source is not None and not was_capped[i]
@@ -208,12 +218,13 @@ def robust_aggregate(updates: Sequence[DecodedUpdate | Mapping[str, Tensor]], we
         if s.weight <= 0:
             continue
         if it.source is not None and s.capped:
-            kept.append(dataclasses.replace(it.source, tensors=tensors, sq_norm=s.norm * s.norm))
+            kept.append(dataclasses.replace(it.source, sparse=tensors, sq_norm=s.norm * s.norm))
         elif it.source is not None:
             kept.append(it.source)
         else:
-            kept.append(tensors)
+            kept.append({n: t.dense() for n, t in tensors.items()})
         kept_w.append(s.weight)
     if not kept:
-        return {n: torch.zeros_like(t, dtype=torch.float32) for n, t in sorted(items[0].tensors.items())}, screens
+        zeros = {n: t.values.new_zeros(t.shape) for n, t in sorted(items[0].tensors.items())}
+        return zeros, screens
     return aggregate(kept, kept_w, rule="coord_mean", clip_to_median=clip_to_median), screens

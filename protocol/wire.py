@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,9 +43,99 @@ DEFAULT_MAX_TENSORS = 4096
 DEFAULT_MAX_NUMEL = 1 << 28
 
 
-@dataclass
+@dataclass(frozen=True)
+class SparseTensor:
+    """One decoded tensor as it was sent: the flat positions sent, sorted, and their fp32 values.
+
+    A receiver holds every update of the round until it applies them, so a decoded update holds what was sent,
+    not a dense copy: 8 bytes per value sent (int32 positions) instead of 5 bytes per parameter (fp32 and a
+    mask). ``index`` None: every position was sent (the dense codec), and ``values`` is the flat tensor.
+    Positions are unique, so adding a tensor into a dense sum (``add_to``) touches each coordinate once, in the
+    same IEEE operations as adding its dense form: skipped coordinates would add zero, which changes no sum.
+    """
+
+    shape: tuple[int, ...]
+    index: Tensor | None  # int32 (int64 past 2**31 positions), strictly increasing; None: all positions
+    values: Tensor  # fp32, one per position sent
+
+    @classmethod
+    def from_dense(cls, t: Tensor) -> "SparseTensor":
+        """The nonzero coordinates of ``t`` as the positions sent (how a plain mapping counts in aggregates)."""
+        flat = t.detach().reshape(-1).float()
+        index = flat.nonzero().squeeze(1)
+        return cls(tuple(t.shape), _narrow(index, flat.numel()), flat[index])
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def sent(self) -> int:
+        """How many positions were sent."""
+        return self.values.numel()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held (positions and values)."""
+        index = 0 if self.index is None else self.index.numel() * self.index.element_size()
+        return index + self.values.numel() * self.values.element_size()
+
+    def with_values(self, values: Tensor) -> "SparseTensor":
+        return SparseTensor(self.shape, self.index, values)
+
+    def dense(self) -> Tensor:
+        """The fp32 tensor of the original shape, zero where nothing was sent."""
+        if self.index is None:
+            return self.values.reshape(self.shape)
+        out = self.values.new_zeros(self.numel)
+        out[self.index] = self.values
+        return out.reshape(self.shape)
+
+    def mask(self) -> Tensor:
+        """True where a value was sent."""
+        if self.index is None:
+            return torch.ones(self.shape, dtype=torch.bool, device=self.values.device)
+        out = torch.zeros(self.numel, dtype=torch.bool, device=self.values.device)
+        out[self.index] = True
+        return out.reshape(self.shape)
+
+    def add_to(self, flat: Tensor, values: Tensor) -> None:
+        """flat[positions sent] += values (one value per position sent); ``flat`` is a 1-D dense tensor."""
+        if self.index is None:
+            flat.add_(values)
+        else:
+            flat.index_add_(0, self.index, values)
+
+
+def _narrow(index: Tensor, numel: int) -> Tensor:
+    """Positions as int32 where they fit (4 bytes each instead of 8)."""
+    return index.to(torch.int32) if numel <= 2**31 else index.to(torch.int64)
+
+
+class _Dense(Mapping[str, Tensor]):
+    """Name -> dense tensor (or mask), built on each access from the sparse form and never kept."""
+
+    def __init__(self, sparse: Mapping[str, SparseTensor], masks: bool = False) -> None:
+        self._sparse, self._masks = sparse, masks
+
+    def __getitem__(self, name: str) -> Tensor:
+        sp = self._sparse[name]
+        return sp.mask() if self._masks else sp.dense()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._sparse)
+
+    def __len__(self) -> int:
+        return len(self._sparse)
+
+
+@dataclass(frozen=True)
 class DecodedUpdate:
-    """A peer's update as every receiver reconstructs it (dense fp32, original shapes)."""
+    """A peer's update as every receiver reconstructs it: per tensor the positions sent and their fp32 values.
+
+    ``tensors`` and ``masks`` give the dense form, one tensor at a time, for readers that want it; the
+    aggregates read ``sparse``, so holding an update costs O(values sent), not O(parameters).
+    """
 
     version: int
     run_id: str
@@ -53,8 +143,7 @@ class DecodedUpdate:
     sender: str
     tokens: int
     params: CodecParams
-    tensors: dict[str, Tensor]
-    masks: dict[str, Tensor]  # True where the sender sent a value (all True for dense)
+    sparse: dict[str, SparseTensor]
     dtypes: dict[str, str]  # the sender's tensor dtypes
     sq_norm: float  # squared L2 norm, computed identically on every machine (see _sq_norm)
     signature: bytes
@@ -65,6 +154,25 @@ class DecodedUpdate:
     @property
     def norm(self) -> float:
         return math.sqrt(self.sq_norm)
+
+    @property
+    def tensors(self) -> Mapping[str, Tensor]:
+        """Name -> dense fp32 tensor in its original shape (built when read)."""
+        return _Dense(self.sparse)
+
+    @property
+    def masks(self) -> Mapping[str, Tensor]:
+        """Name -> bool tensor, True where the sender sent a value (all True for dense; built when read)."""
+        return _Dense(self.sparse, masks=True)
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: sp.shape for name, sp in self.sparse.items()}
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes its decoded tensors hold."""
+        return sum(sp.nbytes for sp in self.sparse.values())
 
 
 # ---------------------------------------------------------------- encoding
@@ -302,21 +410,22 @@ def _decode(data: bytes, max_bytes: int, max_tensors: int, max_numel: int,
         raise ProtocolError("declared body size does not match the tensor specs")
     body = _decompress(frame, body_size)
     body_t = torch.frombuffer(bytearray(body), dtype=torch.uint8) if body else torch.zeros(0, dtype=torch.uint8)
-    tensors, masks, dtypes, levels_out, norm_parts = {}, {}, {}, {}, []
+    sparse, dtypes, levels_out, norm_parts = {}, {}, {}, []
     offset = 0
     for (name, shape, spec), size in zip(specs, sizes):
         sections = []
         for length in size.lengths:
             sections.append(body_t[offset:offset + length])
             offset += length
-        dense, mask, counts, levels = decode_tensor(shape, params, spec, size, sections, device)
-        tensors[name], masks[name], dtypes[name] = dense, mask, spec["dtype"]
+        index, values, counts, levels = decode_tensor(shape, params, spec, size, sections, device)
+        sparse[name] = SparseTensor(shape, None if index is None else _narrow(index, math.prod(shape)), values)
+        dtypes[name] = spec["dtype"]
         if not params.dense:
             levels_out[name] = levels
-        norm_parts.append((name, (counts, levels, dense)))
+        norm_parts.append((name, (counts, levels, values)))
     sq_norm = _sq_norm(params, [p for _, p in sorted(norm_parts, key=lambda item: item[0])])
     digest = hashlib.blake2b(data[:6] + rest, digest_size=32, person=b"gradnode-upd").digest()
-    return DecodedUpdate(VERSION, run_id, round_, sender, tokens, params, tensors, masks, dtypes, sq_norm,
+    return DecodedUpdate(VERSION, run_id, round_, sender, tokens, params, sparse, dtypes, sq_norm,
                          signature, digest, len(data), levels_out)
 
 

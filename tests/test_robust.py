@@ -177,7 +177,7 @@ def test_gram_is_exact_and_matches_float64() -> None:
     _, _, gram = _cap_and_gram(items, RobustParams().value_cap)
     for a in range(4):
         for b in range(4):
-            ref = sum(float((capped[a][n].double() * capped[b][n].double()).sum()) for n in SHAPES)
+            ref = sum(float((capped[a][n].dense().double() * capped[b][n].dense().double()).sum()) for n in SHAPES)
             assert math.isclose(gram[a][b], ref, rel_tol=1e-12, abs_tol=1e-12)
     # the same inputs give the same floats, bit for bit
     assert _cap_and_gram(items, 2.0)[2] == gram

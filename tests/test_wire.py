@@ -185,3 +185,35 @@ def test_msgpack_header_is_plain() -> None:
     _, header, _ = fuzz._split(_payload())
     assert set(header) == {"run", "round", "sender", "tokens", "codec", "tensors", "body"}
     assert msgpack.unpackb(msgpack.packb(header)) == header
+
+
+def _held_bytes(obj: object, seen: set[int] | None = None) -> int:
+    """Bytes of every tensor storage reachable from ``obj`` (dataclass fields, dicts, lists), each storage once."""
+    import dataclasses
+
+    seen = set() if seen is None else seen
+    if isinstance(obj, torch.Tensor):
+        storage = obj.untyped_storage()
+        if storage.data_ptr() in seen:
+            return 0
+        seen.add(storage.data_ptr())
+        return storage.nbytes()
+    if dataclasses.is_dataclass(obj):
+        return sum(_held_bytes(getattr(obj, f.name), seen) for f in dataclasses.fields(obj))
+    if isinstance(obj, dict):
+        return sum(_held_bytes(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_held_bytes(v, seen) for v in obj)
+    return 0
+
+
+def test_a_decoded_update_holds_what_was_sent_not_a_dense_copy() -> None:
+    """Every receiver holds all the round's updates until it applies them: a decoded update holds 8 bytes per
+    value sent (top-64 of 4096: 0.125 bytes per parameter), not fp32 and a mask (5 bytes per parameter)."""
+    params = 1 << 20
+    dec = decode_update(encode_update({"w": torch.randn(1024, 1024)}))
+    sent = int(dec.masks["w"].sum())
+    assert sent == params // 64
+    assert _held_bytes(dec) <= 8 * sent + 4096, f"{_held_bytes(dec) / params:.3f} bytes per parameter"
+    dense = decode_update(encode_update({"w": torch.randn(256, 256)}, params=CodecParams(dense=True)))
+    assert _held_bytes(dense) <= 4 * 256 * 256 + 64  # the dense codec: its fp32 values, no mask

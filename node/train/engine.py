@@ -320,10 +320,10 @@ class Engine:
     def _check_update(self, update: DecodedUpdate) -> None:
         if update.round != self.round:
             raise ValueError(f"update from {update.sender!r} is for round {update.round}, engine is at {self.round}")
-        for name, t in update.tensors.items():
+        for name, shape in update.shapes.items():
             ref = self.global_params.get(name)
-            if ref is None or t.shape != ref.shape:
-                raise ValueError(f"update from {update.sender!r}: unexpected tensor {name!r} {tuple(t.shape)}")
+            if ref is None or shape != tuple(ref.shape):
+                raise ValueError(f"update from {update.sender!r}: unexpected tensor {name!r} {shape}")
 
     # --- shared state -----------------------------------------------------------------------------
 

@@ -259,6 +259,9 @@ class SwarmConfig(_Section):
                                                     "transport, each direction).")
     max_update_bytes: int = Field(64 * 2**20, ge=1024, le=2**34,
                                   description="Largest update blob accepted from a peer; bigger ones are rejected.")
+    max_fetches: int = Field(8, ge=1, le=1024,
+                             description="Updates fetched at once; the others wait their turn, so that each "
+                                         "completes at the link's full share instead of all at the end.")
     max_state_bytes: int = Field(2**34, ge=1024, le=2**40, description="Largest model state accepted from a peer.")
     state_chunk_bytes: int = Field(4 * 2**20, ge=2**16, le=2**28,
                                    description="State is served and fetched in chunks of this size, from several "

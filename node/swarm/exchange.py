@@ -3,7 +3,8 @@
 How every honest peer ends a round with the same set of updates (and so with identical weights):
 
 1. Each peer announces its update for round r in the DHT (digest, size, tokens; signed) and serves
-   the bytes; every peer fetches every announced update from any holder (gossip), checks its digest,
+   the bytes; every peer fetches every announced update from any holder (gossip), at most
+   ``swarm.max_fetches`` at once (the rest wait in announcement order), checks its digest,
    then the run's rules (rules.py: signature first, then envelope and shapes, sender, run and round,
    codec, tokens), and counts rejections per sender.
 2. The round's deadline comes from observed speeds: once half the live training peers have announced
@@ -155,7 +156,8 @@ class RoundExchange(threading.Thread):
         self.digest = hashlib.sha256(blob).hexdigest() if blob is not None else ""
         self.verified: dict[str, _Verified] = {}
         self.announced: dict[str, UpdateAnnouncement] = {}
-        self._fetching: dict[str, Any] = {}
+        self._fetching: dict[str, Any] = {}  # sender -> (future, digest): fetches in flight
+        self._waiting: dict[str, tuple[str, float]] = {}  # sender -> (digest, deadline): fetches waiting their turn
         self._rejected: set[tuple[str, str]] = set()
         self.doubted: set[str] = set()  # senders whose update this witness's loss check judged harmful
         self.agreement.core.doubted = self.doubted  # left out of this witness's report by the core
@@ -289,11 +291,12 @@ class RoundExchange(threading.Thread):
         for sender, digest in missing:
             self.verified.pop(sender, None)
             self._fetching.pop(sender, None)
-            self._start_fetch(sender, digest, give_up_at)
+            self._waiting.pop(sender, None)
+            self._start_fetch(sender, digest, give_up_at, first=True)
         while any(s not in self.verified for s, _ in included) and time.monotonic() < give_up_at \
                 and not self.stop_event.is_set():
             self._reap()
-            if all(s in self.verified or s not in self._fetching for s, _ in included):
+            if all(s in self.verified or (s not in self._fetching and s not in self._waiting) for s, _ in included):
                 break
             time.sleep(0.05)
         got = [s for s, d in included if s in self.verified and self.verified[s].digest == d]
@@ -344,15 +347,33 @@ class RoundExchange(threading.Thread):
             return self.members.sources(sorted(holders))
         return sources
 
-    def _start_fetch(self, sender: str, digest: str, deadline: float) -> None:
-        if sender in self._fetching or sender in self.verified:
+    def _start_fetch(self, sender: str, digest: str, deadline: float, first: bool = False) -> None:
+        """Fetch ``sender``'s update once a slot is free (``swarm.max_fetches`` in flight); ``first``: before the
+        others waiting (the decided set's updates). Every update gets the link's full share in turn, so updates
+        complete one by one, instead of all of them at the end of a round split N ways. To the round's core a
+        waiting fetch is under way like one in flight."""
+        if sender in self._fetching or sender in self.verified or sender in self._waiting:
             return
-        name = update_name(self.run_id, self.round, sender)
-        check = lambda data: hashlib.sha256(data).hexdigest() == digest  # noqa: E731
-        fut = self.transport.submit(self.transport.fetch_async(
-            self._holders(sender, digest), name, max_bytes=self.cfg.max_update_bytes, deadline=deadline, verify=check))
-        self._fetching[sender] = (fut, digest)
+        self._waiting[sender] = (digest, deadline)
+        if first:
+            self._waiting = {sender: self._waiting.pop(sender), **self._waiting}
         self._events.append(core.FetchStarted(time.monotonic(), sender))
+        self._fill_slots()
+
+    def _fill_slots(self) -> None:
+        """Start waiting fetches, oldest first, while fewer than ``swarm.max_fetches`` are in flight."""
+        while self._waiting and len(self._fetching) < self.cfg.max_fetches:
+            sender = next(iter(self._waiting))
+            digest, deadline = self._waiting.pop(sender)
+            if time.monotonic() >= deadline:
+                self._events.append(core.FetchEnded(time.monotonic(), sender))
+                continue
+            name = update_name(self.run_id, self.round, sender)
+            check = lambda data, digest=digest: hashlib.sha256(data).hexdigest() == digest  # noqa: E731
+            fut = self.transport.submit(self.transport.fetch_async(
+                self._holders(sender, digest), name, max_bytes=self.cfg.max_update_bytes, deadline=deadline,
+                verify=check))
+            self._fetching[sender] = (fut, digest)
 
     def _reap(self) -> None:
         """Verify finished fetches; serve what verified (gossip) and say so in the DHT."""
@@ -370,6 +391,7 @@ class RoundExchange(threading.Thread):
             self._events.append(core.Verified(time.monotonic(), sender, digest))
             self.transport.blobs.put(update_name(self.run_id, self.round, sender), blob)
             grew = True
+        self._fill_slots()
         if grew:
             self._write_holdings()
 

@@ -1,0 +1,100 @@
+"""The round exchange's fetches (node/swarm/exchange.py), on a fake transport and member list: what it fetches,
+and how many at once."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+from gradnode.node.config import SwarmConfig
+from gradnode.node.swarm.exchange import Rejections, RoundExchange
+from gradnode.node.swarm.transport import BlobStore
+from gradnode.protocol import round as core
+from gradnode.protocol.records import UpdateAnnouncement
+
+ALPHABET = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+RUN = "run"
+
+
+def peer_id(i: int) -> str:
+    return "Qm" + "".join(ALPHABET[(i // len(ALPHABET) ** k) % len(ALPHABET)] for k in range(20))
+
+
+class FakeTransport:
+    """Fetches that end when the test says so; counts how many are in flight."""
+
+    def __init__(self) -> None:
+        self.peer_id = peer_id(0)
+        self.blobs = BlobStore(1 << 20)
+        self.futures: list[tuple[str, concurrent.futures.Future]] = []
+        self.most_in_flight = 0
+
+    def in_flight(self) -> list[tuple[str, concurrent.futures.Future]]:
+        return [(n, f) for n, f in self.futures if not f.done()]
+
+    def fetch_async(self, sources: Any, name: str, **kw: Any) -> str:
+        return name
+
+    def submit(self, name: str) -> concurrent.futures.Future:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self.futures.append((name, fut))
+        self.most_in_flight = max(self.most_in_flight, len(self.in_flight()))
+        return fut
+
+    def now(self) -> float:
+        return 0.0
+
+
+class FakeMembers:
+    def __init__(self, announcements: list[UpdateAnnouncement]) -> None:
+        self.announcements = announcements
+        self.transport = None
+
+    def read(self, table: str, round_: int | None, cls: type) -> list:
+        return list(self.announcements) if table == "updates" else []
+
+    def write(self, *args: Any, **kw: Any) -> bool:
+        return True
+
+    def members(self, *args: Any, **kw: Any) -> dict:
+        return {}
+
+    def public_key(self, peer: str) -> None:
+        return None
+
+    def sources(self, peers: list[str]) -> list[tuple[str, list[str]]]:
+        return [(p, []) for p in peers]
+
+
+class PassAll:
+    """Rules that take every blob as a verified update of norm 1."""
+
+    def check(self, blob: bytes, **kw: Any) -> tuple[Any, None]:
+        return SimpleNamespace(norm=1.0), None
+
+    def weight(self, update: Any) -> float:
+        return 1.0
+
+
+def test_fetches_in_flight_stay_within_the_bound_and_all_complete() -> None:
+    """With 40 updates announced at once and swarm.max_fetches=4, at most 4 are fetched at a time, the others
+    wait their turn (counted by the round's core as under way), and every one is fetched and verified."""
+    blobs = {peer_id(i): f"update {i}".encode() for i in range(1, 41)}
+    anns = [UpdateAnnouncement(run_id=RUN, round=5, sender=s, digest=hashlib.sha256(b).hexdigest(), size=len(b),
+                               tokens=1, time=0.0) for s, b in blobs.items()]
+    transport = FakeTransport()
+    ex = RoundExchange(transport=transport, membership=FakeMembers(anns), cfg=SwarmConfig(max_fetches=4),
+                       run_id=RUN, round_=5, blob=None, tokens=0, round_seconds=1.0, rules=PassAll(),
+                       rejections=Rejections(), stop=threading.Event(), base="00" * 32)
+    events = ex._tick()
+    assert len(transport.in_flight()) == 4
+    assert {e.sender for e in events if isinstance(e, core.FetchStarted)} == set(blobs)
+    while transport.in_flight():
+        name, fut = transport.in_flight()[0]
+        fut.set_result(blobs[name.rsplit("/", 1)[-1]])
+        ex._tick()
+    assert transport.most_in_flight == 4
+    assert set(ex.verified) == set(blobs) and len(transport.futures) == 40

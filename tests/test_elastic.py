@@ -100,9 +100,8 @@ def test_busy_donor_sends_joiners_elsewhere_and_pushes_are_checked(tmp_path: Pat
         c.start()
         assert c.maddrs() == []  # a client-mode peer listens nowhere
         one, two = b"1" * 2_000_000, b"2" * 300_000
-        a.blobs.put("s/run/3/one", one)
-        a.blobs.put("s/run/3/two", two)
-        b.blobs.put("s/run/3/two", two)
+        a.states.offer(3, {"s/run/3/one": one, "s/run/3/two": two})  # state chunks: served from the state store
+        b.states.offer(3, {"s/run/3/two": two})
         src_a, src_b = (a.peer_id, a.maddrs()), (b.peer_id, b.maddrs())
         # 'one' only from a (which uploads one state chunk at a time at 1 MB/s); 'two' from either
         got = c.fetch_many([([src_a], "s/run/3/one"), ([src_a, src_b], "s/run/3/two")], max_bytes=10**7,

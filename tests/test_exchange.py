@@ -13,7 +13,7 @@ from gradnode.node.config import SwarmConfig
 from gradnode.node.swarm.exchange import Rejections, RoundExchange
 from gradnode.node.swarm.transport import BlobStore
 from gradnode.protocol import round as core
-from gradnode.protocol.records import UpdateAnnouncement
+from gradnode.protocol.records import UpdateAnnouncement, update_name
 
 ALPHABET = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 RUN = "run"
@@ -28,7 +28,7 @@ class FakeTransport:
 
     def __init__(self) -> None:
         self.peer_id = peer_id(0)
-        self.blobs = BlobStore(1 << 20)
+        self.blobs = BlobStore(64)  # far less than the round's updates: they are the round's work, held anyway
         self.futures: list[tuple[str, concurrent.futures.Future]] = []
         self.most_in_flight = 0
 
@@ -81,7 +81,8 @@ class PassAll:
 
 def test_fetches_in_flight_stay_within_the_bound_and_all_complete() -> None:
     """With 40 updates announced at once and swarm.max_fetches=4, at most 4 are fetched at a time, the others
-    wait their turn (counted by the round's core as under way), and every one is fetched and verified."""
+    wait their turn (counted by the round's core as under way), and every one is fetched, verified and held to
+    serve on, in a blob store whose bound they pass."""
     blobs = {peer_id(i): f"update {i}".encode() for i in range(1, 41)}
     anns = [UpdateAnnouncement(run_id=RUN, round=5, sender=s, digest=hashlib.sha256(b).hexdigest(), size=len(b),
                                tokens=1, time=0.0) for s, b in blobs.items()]
@@ -98,3 +99,4 @@ def test_fetches_in_flight_stay_within_the_bound_and_all_complete() -> None:
         ex._tick()
     assert transport.most_in_flight == 4
     assert set(ex.verified) == set(blobs) and len(transport.futures) == 40
+    assert all(transport.blobs.get(update_name(RUN, 5, s)) == b for s, b in blobs.items())  # served on, all

@@ -207,7 +207,7 @@ class RoundExchange(threading.Thread):
 
     def _announce(self) -> None:
         name = update_name(self.run_id, self.round, self.me)
-        self.transport.blobs.put(name, self.blob)
+        self.transport.blobs.put(name, self.blob, pinned=True)  # the round's work: served until the window ends
         ann = UpdateAnnouncement(run_id=self.run_id, round=self.round, sender=self.me, digest=self.digest,
                                  size=len(self.blob), tokens=self.tokens, time=self.transport.now())
         self.members.write("updates", self.round, ann, ttl=kept_for_catchup(self.cfg, self.round_seconds))
@@ -389,7 +389,7 @@ class RoundExchange(threading.Thread):
                 continue
             self.verified[sender] = _Verified(digest, decoded)
             self._events.append(core.Verified(time.monotonic(), sender, digest))
-            self.transport.blobs.put(update_name(self.run_id, self.round, sender), blob)
+            self.transport.blobs.put(update_name(self.run_id, self.round, sender), blob, pinned=True)
             grew = True
         self._fill_slots()
         if grew:

@@ -1,7 +1,7 @@
 """Shared state over the swarm: serve this peer's weights in chunks, download a verified copy.
 
 A peer that has applied round r offers its shared state (theta_g, outer optimizer state, round) as
-chunks served by the transport, described by a signed manifest in the DHT (round, weight hash, size,
+chunks served by the transport (its StateStore, apart from the round's blobs), described by a signed manifest in the DHT (round, weight hash, size,
 chunk digests). A joiner (or a peer that fell out of step) picks the newest round (never one beyond
 what the other members report: ``beyond_reach``) and the weight hash the swarm reported for it (the majority of the per-round weight-hash records; offers with another
 hash are ignored), fetches the chunks in parallel from every peer offering that hash (each chunk
@@ -54,15 +54,13 @@ def deserialize(data: bytes) -> dict[str, Any]:
 
 def offer(state: dict[str, Any], param_hash: str, round_: int, *, transport: Transport, membership: Membership,
           cfg: SwarmConfig, run_id: str) -> StateManifest:
-    """Serve ``state`` in chunks and publish its manifest; older offers stop being served."""
+    """Serve ``state`` in chunks and publish its manifest; offers older than the previous round's stop being
+    served."""
     data = serialize(state)
     size = cfg.state_chunk_bytes
     chunks = [data[i:i + size] for i in range(0, len(data), size)]
     digests = [hashlib.sha256(c).hexdigest() for c in chunks]
-    for digest, chunk in zip(digests, chunks):
-        transport.blobs.put(state_chunk_name(run_id, round_, digest), chunk)
-    keep_prefixes = (f"s/{run_id}/{round_}/", f"s/{run_id}/{round_ - 1}/")
-    transport.blobs.drop(lambda name: not name.startswith("s/") or name.startswith(keep_prefixes))
+    transport.states.offer(round_, {state_chunk_name(run_id, round_, d): c for d, c in zip(digests, chunks)})
     manifest = StateManifest(run_id=run_id, round=round_, peer=membership.identity.peer_id, param_hash=param_hash,
                              size=len(data), chunks=digests, time=transport.now())
     membership.write("state", None, manifest)

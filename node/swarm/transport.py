@@ -239,29 +239,46 @@ class TokenBucket:
 
 
 class BlobStore:
-    """Named byte blobs this peer serves; bounded by total bytes, oldest evicted first."""
+    """Named byte blobs this peer serves. A pinned blob is the round's work (this peer's own update and the
+    updates it verified): it stays until ``drop`` removes it (the peer drops rounds past its catch-up window),
+    so the store grows with the round instead of evicting the update every other peer fetches from it. The
+    byte bound holds the other blobs (reports, evidence, copies served on), oldest evicted first."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._blobs: OrderedDict[str, bytes] = OrderedDict()
-        self._size = 0
+        self._pinned: set[str] = set()
+        self._loose = 0  # bytes of the blobs that are not pinned
         self._lock = threading.Lock()
         self._updates = 0  # blobs held now that are updates ('u/...' names)
         self.peak_updates = 0  # the most updates held at once
 
-    def put(self, name: str, data: bytes) -> None:
+    def put(self, name: str, data: bytes, *, pinned: bool = False) -> None:
+        """Hold ``data`` as ``name`` (a blob pinned once stays pinned until dropped)."""
         with self._lock:
+            pinned = pinned or name in self._pinned
             if name in self._blobs:
-                self._size -= len(self._blobs.pop(name))
-                self._updates -= name.startswith("u/")
+                self._remove(name)
             self._blobs[name] = data
-            self._size += len(data)
             self._updates += name.startswith("u/")
-            while self._size > self.max_bytes and len(self._blobs) > 1:
-                old_name, old = self._blobs.popitem(last=False)
-                self._size -= len(old)
-                self._updates -= old_name.startswith("u/")
+            if pinned:
+                self._pinned.add(name)
+            else:
+                self._loose += len(data)
+            if self._loose > self.max_bytes:  # oldest first; never the one just put
+                for old_name in [n for n in self._blobs if n not in self._pinned and n != name]:
+                    self._remove(old_name)
+                    if self._loose <= self.max_bytes:
+                        break
             self.peak_updates = max(self.peak_updates, self._updates)
+
+    def _remove(self, name: str) -> None:
+        data = self._blobs.pop(name)
+        self._updates -= name.startswith("u/")
+        if name in self._pinned:
+            self._pinned.discard(name)
+        else:
+            self._loose -= len(data)
 
     def get(self, name: str) -> bytes | None:
         with self._lock:
@@ -270,12 +287,42 @@ class BlobStore:
     def drop(self, keep: Callable[[str], bool]) -> None:
         with self._lock:
             for name in [n for n in self._blobs if not keep(n)]:
-                self._size -= len(self._blobs.pop(name))
-                self._updates -= name.startswith("u/")
+                self._remove(name)
 
     def names(self) -> list[str]:
         with self._lock:
             return list(self._blobs)
+
+
+class StateStore:
+    """The shared states this peer offers (node/swarm/statesync.py): per round, the chunks and the chunk list,
+    by blob name. Kept apart from the BlobStore, whose bound they would fill (a 1B model's state is 4 GB and
+    more) and whose updates they would evict. The two newest rounds' offers are served, so a joiner that read
+    the previous manifest still completes its download."""
+
+    KEPT = 2
+
+    def __init__(self) -> None:
+        self._offers: dict[int, dict[str, bytes]] = {}
+        self._lock = threading.Lock()
+
+    def offer(self, round_: int, blobs: dict[str, bytes]) -> None:
+        """Serve ``blobs`` (name -> bytes) as round ``round_``'s offer; older offers past the newest KEPT end."""
+        with self._lock:
+            self._offers[round_] = blobs
+            for r in sorted(self._offers)[:-self.KEPT]:
+                del self._offers[r]
+
+    def get(self, name: str) -> bytes | None:
+        with self._lock:
+            for blobs in self._offers.values():
+                if name in blobs:
+                    return blobs[name]
+        return None
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return [n for blobs in self._offers.values() for n in blobs]
 
 
 def _hivemind_key(identity: Identity) -> RSAPrivateKey:
@@ -368,6 +415,7 @@ class Transport:
         self.identity = identity
         self.signs_for = list(signs_for)
         self.blobs = BlobStore(blob_budget)
+        self.states = StateStore()
         self.bytes_up = 0
         self.bytes_down = 0
         self.state_bytes_down = 0  # of bytes_down, state chunks fetched (joining, re-syncing)
@@ -693,7 +741,8 @@ class Transport:
     async def _serve_one(self, info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             name = await _read_name(reader)
-            data = self.blobs.get(name) if isinstance(name, str) else None
+            data = None if not isinstance(name, str) else self.states.get(name) if name.startswith("s/") else \
+                self.blobs.get(name)
             is_state = data is not None and name.startswith("s/")
             own = data is not None and update_sender(name) == self.peer_id
             busy = data is not None and (self._serving.get(name, 0) >= self.upload_slots or

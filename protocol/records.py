@@ -19,12 +19,14 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 
 from gradnode.protocol.errors import ProtocolError
 
-# 2: updates named by fingerprint; 3: state hash, proposals naming their base state, decisions; 4: witness reports
-PROTOCOL_VERSION = 4
+# 2: updates named by fingerprint; 3: state hash, proposals naming their base state, decisions; 4: witness reports;
+# 5: state manifests name their chunk list by its digest
+PROTOCOL_VERSION = 5
 MAX_RECORD_BYTES = 16 * 1024
 MAX_PEERS_PER_ROUND = 768
 FINGERPRINT_BYTES = 16
-MAX_STATE_CHUNKS = 4096
+MIN_STATE_CHUNK = 1 << 16  # bytes: a state of 2**40 bytes has at most 2**24 chunks, a chunk list of 512 MiB
+CHUNK_DIGEST_BYTES = 32
 
 PeerId = Annotated[str, StringConstraints(min_length=20, max_length=64, pattern=r"^[1-9A-HJ-NP-Za-km-z]+$")]
 RunId = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
@@ -278,15 +280,47 @@ class Holdings(Record):
 
 
 class StateManifest(Record):
-    """A peer offers its shared state after round ``round``: chunk digests, total size and weight hash."""
+    """A peer offers its shared state after round ``round``: its size, weight hash, chunk size and chunk list.
+
+    The chunk list (the sha256 of every chunk, 32 bytes each, in order) is a blob of its own, named and checked
+    by its sha256 (``chunk_list``): a manifest stays a few hundred bytes whatever the state's size, where 64
+    hex digits per chunk passed the record bound at about 1 GB of state."""
 
     kind: ClassVar[str] = "state"
     round: Round
     peer: PeerId
     param_hash: Hash
     size: int = Field(ge=1, le=2**40)
-    chunks: list[Digest] = Field(min_length=1, max_length=MAX_STATE_CHUNKS)
+    chunk_bytes: int = Field(ge=MIN_STATE_CHUNK, le=2**30)  # every chunk but the last
+    chunk_list: Digest
     time: float = Field(ge=0.0, le=1e11)
+
+    @property
+    def chunk_count(self) -> int:
+        return -(-self.size // self.chunk_bytes)
+
+    @property
+    def chunk_list_bytes(self) -> int:
+        """The size of the chunk list blob."""
+        return CHUNK_DIGEST_BYTES * self.chunk_count
+
+    @property
+    def chunks(self) -> tuple[str]:
+        """What offers are grouped by (protocol/sync.py ``download_order``): one chunk list digest, one list."""
+        return (self.chunk_list,)
+
+
+def chunk_list(digests: Iterable[bytes]) -> bytes:
+    """A state's chunk list: the sha256 digests of its chunks, in order, concatenated."""
+    return b"".join(digests)
+
+
+def chunk_digests(data: bytes, manifest: StateManifest) -> list[str]:
+    """The hex chunk digests of a chunk list fetched for ``manifest``; RecordError unless it is exactly the list
+    the manifest names (its sha256, its length)."""
+    if len(data) != manifest.chunk_list_bytes or hashlib.sha256(data).hexdigest() != manifest.chunk_list:
+        raise RecordError("chunk list does not match its manifest")
+    return [data[i:i + CHUNK_DIGEST_BYTES].hex() for i in range(0, len(data), CHUNK_DIGEST_BYTES)]
 
 
 def update_name(run_id: str, round_: int, sender: str) -> str:

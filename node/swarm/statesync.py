@@ -1,8 +1,9 @@
 """Shared state over the swarm: serve this peer's weights in chunks, download a verified copy.
 
 A peer that has applied round r offers its shared state (theta_g, outer optimizer state, round) as
-chunks served by the transport (its StateStore, apart from the round's blobs), described by a signed manifest in the DHT (round, weight hash, size,
-chunk digests). A joiner (or a peer that fell out of step) picks the newest round (never one beyond
+chunks served by the transport (its StateStore, apart from the round's blobs), described by a signed
+manifest in the DHT (round, weight hash, size, chunk size, and the digest of the chunk list, itself
+served as a blob: a manifest stays small whatever the state's size). A joiner (or a peer that fell out of step) picks the newest round (never one beyond
 what the other members report: ``beyond_reach``) and the weight hash the swarm reported for it (the majority of the per-round weight-hash records; offers with another
 hash are ignored), fetches the chunks in parallel from every peer offering that hash (each chunk
 verified by its digest, so a tampered chunk is dropped and fetched elsewhere; each donor uploads at
@@ -30,15 +31,55 @@ from gradnode.node.swarm.transport import Transport
 from gradnode.protocol import chain
 from gradnode.protocol import sync as sync_rules
 from gradnode.protocol.chain import Link
-from gradnode.protocol.records import StateManifest, majority_hash, state_chunk_name
+from gradnode.protocol.records import RecordError, StateManifest, chunk_digests, chunk_list, majority_hash, state_chunk_name
 
 log = logging.getLogger(__name__)
 
 
-def serialize(state: dict[str, Any]) -> bytes:
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    return buf.getvalue()
+class _Chunks:
+    """A file torch.save writes into, cut into chunks of ``size`` bytes as it goes, each hashed once full: the
+    serialised state exists as its chunks only, never as a second whole copy."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.chunks: list[bytes] = []
+        self.digests: list[bytes] = []
+        self._open = bytearray()
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data).cast("B")
+        written = view.nbytes
+        while view.nbytes:
+            take = min(self.size - len(self._open), view.nbytes)
+            if not self._open and take == self.size:  # a whole chunk: one copy
+                self._add(bytes(view[:take]))
+            else:
+                self._open += view[:take]
+                if len(self._open) == self.size:
+                    self._add(bytes(self._open))
+                    self._open = bytearray()
+            view = view[take:]
+        return written
+
+    def flush(self) -> None:
+        pass
+
+    def _add(self, chunk: bytes) -> None:
+        self.chunks.append(chunk)
+        self.digests.append(hashlib.sha256(chunk).digest())
+
+    def done(self) -> "_Chunks":
+        if self._open or not self.chunks:
+            self._add(bytes(self._open))
+            self._open = bytearray()
+        return self
+
+
+def serialize(state: dict[str, Any], chunk_bytes: int) -> _Chunks:
+    """``state`` as torch.save writes it, in chunks of ``chunk_bytes`` with their sha256 digests."""
+    out = _Chunks(chunk_bytes)
+    torch.save(state, out)
+    return out.done()
 
 
 def deserialize(data: bytes) -> dict[str, Any]:
@@ -54,15 +95,17 @@ def deserialize(data: bytes) -> dict[str, Any]:
 
 def offer(state: dict[str, Any], param_hash: str, round_: int, *, transport: Transport, membership: Membership,
           cfg: SwarmConfig, run_id: str) -> StateManifest:
-    """Serve ``state`` in chunks and publish its manifest; offers older than the previous round's stop being
-    served."""
-    data = serialize(state)
-    size = cfg.state_chunk_bytes
-    chunks = [data[i:i + size] for i in range(0, len(data), size)]
-    digests = [hashlib.sha256(c).hexdigest() for c in chunks]
-    transport.states.offer(round_, {state_chunk_name(run_id, round_, d): c for d, c in zip(digests, chunks)})
+    """Serve ``state`` in chunks, with its chunk list, and publish its manifest; offers older than the previous
+    round's stop being served."""
+    out = serialize(state, cfg.state_chunk_bytes)
+    listed = chunk_list(out.digests)
+    root = hashlib.sha256(listed).hexdigest()
+    blobs = {state_chunk_name(run_id, round_, d.hex()): c for d, c in zip(out.digests, out.chunks)}
+    blobs[state_chunk_name(run_id, round_, root)] = listed
+    transport.states.offer(round_, blobs)
     manifest = StateManifest(run_id=run_id, round=round_, peer=membership.identity.peer_id, param_hash=param_hash,
-                             size=len(data), chunks=digests, time=transport.now())
+                             size=sum(map(len, out.chunks)), chunk_bytes=cfg.state_chunk_bytes, chunk_list=root,
+                             time=transport.now())
     membership.write("state", None, manifest)
     return manifest
 
@@ -106,7 +149,8 @@ def newest_offers(membership: Membership, cfg: SwarmConfig, me: str, min_round: 
     majority report, or the one most offerers give."""
     is_beyond = beyond_reach(membership, me)
     manifests = [m for m in membership.read("state", None, StateManifest)
-                 if m.peer != me and m.peer not in exclude and m.size <= cfg.max_state_bytes and m.round >= min_round]
+                 if m.peer != me and m.peer not in exclude and m.size <= cfg.max_state_bytes and m.round >= min_round
+                 and m.chunk_bytes <= cfg.state_chunk_bytes]
     beyond = [m for m in manifests if is_beyond(m)]
     if beyond:
         log.info("state offers more than %d rounds past every other member's round ignored: %s", sync_rules.RECORD_LAG,
@@ -180,12 +224,28 @@ def _download(group: list[StateManifest], *, transport: Transport, membership: M
     holders = membership.sources(sorted({m.peer for m in group}))
     if not holders:
         return None
+    listed = transport.fetch(holders, state_chunk_name(run_id, ref.round, ref.chunk_list),
+                             max_bytes=ref.chunk_list_bytes, deadline=deadline,
+                             verify=lambda data: _digests(data, ref) is not None)
+    digests = None if listed is None else _digests(listed, ref)
+    if digests is None:
+        log.warning("state fetch round=%d: no donor served the chunk list", ref.round)
+        return None
+    distinct = list(dict.fromkeys(digests))  # equal chunks (runs of zeros) are fetched once
     jobs = [(holders[i % len(holders):] + holders[:i % len(holders)], state_chunk_name(run_id, ref.round, d))
-            for i, d in enumerate(ref.chunks)]
-    want = {state_chunk_name(run_id, ref.round, d): d for d in ref.chunks}
-    got = transport.fetch_many(jobs, max_bytes=cfg.state_chunk_bytes, deadline=deadline,
+            for i, d in enumerate(distinct)]
+    want = {state_chunk_name(run_id, ref.round, d): d for d in distinct}
+    got = transport.fetch_many(jobs, max_bytes=ref.chunk_bytes, deadline=deadline,
                                verify=lambda name, data: hashlib.sha256(data).hexdigest() == want[name], stop=stop)
     if len(got) != len(want):
         log.warning("state fetch incomplete round=%d chunks=%d/%d", ref.round, len(got), len(want))
         return None
-    return b"".join(got[state_chunk_name(run_id, ref.round, d)] for d in ref.chunks)
+    data = b"".join(got[state_chunk_name(run_id, ref.round, d)] for d in digests)
+    return data if len(data) == ref.size else None
+
+
+def _digests(data: bytes, manifest: StateManifest) -> list[str] | None:
+    try:
+        return chunk_digests(data, manifest)
+    except RecordError:
+        return None

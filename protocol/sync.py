@@ -14,7 +14,6 @@ import math
 from collections import Counter
 from typing import Callable, Collection, Iterable, Mapping, Protocol, Sequence, TypeVar
 
-from gradnode.protocol import chain
 
 FUTURE_S = 60.0  # a 'finished' record dated further ahead of the reader's clock counts for nothing (run_over; clocks
 # of one DHT agree within 3 s: protocol/skew.py)
@@ -120,17 +119,6 @@ def mismatch_counts(mismatch: int | None, trusted_from: int) -> bool:
     (``trusted_from``: the first round held since its last re-sync; one before it was checked on weights
     replaced since: nothing to repair)."""
     return mismatch is not None and mismatch >= trusted_from
-
-
-def after_hash_check(off: bool, follow: chain.Follow, standing: chain.Standing | None,
-                     vouched_elsewhere: bool = False) -> chain.Move:
-    """What a weight-hash check calls for: with a look at the chains (``standing``), the chain rule's answer
-    (chain.Follow: stay on a chain that wins, re-sync off it, look again when another chain wins; with no
-    verdict, re-sync after a few looks off a majority whose state most tails list, ``vouched_elsewhere``);
-    without one, the reports decide alone: re-sync when ``off``."""
-    if standing is not None:
-        return follow.step(standing, off, vouched_elsewhere)
-    return chain.Move.RESYNC if off else chain.Move.STAY
 
 
 def asks_if_over(trainers: Collection[int], enough: bool, resumed: bool, target: int) -> bool:

@@ -206,6 +206,14 @@ def test_a_peer_sees_whether_it_lost_to_a_larger_chain_or_only_to_the_tie_rule()
     assert winner({"a1": tail("zz", 5), "c1": tail("aa", 5)}) == ["a1"]  # no word of who serves: as before
 
 
+def off_majority(reports: list, mine: str | None, view, round_: int, serving: set[str] | None = None) -> str | None:
+    """The peer core's hash check (protocol/peer.py) of weight reports against a look at the chains."""
+    from gradnode.protocol import peer as peer_core
+
+    return peer_core.off_majority({w.peer: w.param_hash for w in reports}, mine,
+                                  peer_core.Chains(view.tails, serving), round_, view.me)
+
+
 def test_a_weight_report_of_a_chain_its_author_has_left_counts_for_the_chain_it_follows() -> None:
     """After a 2-2 split heals, the losing pair adopts the winners' chain; its weight reports of the rounds
     before the merge still name its old chain, tie 2-2 with the winners', and the tie (the lowest peer id)
@@ -214,7 +222,6 @@ def test_a_weight_report_of_a_chain_its_author_has_left_counts_for_the_chain_it_
     for our hash; one still on its old chain (or out of sight) counts as it reported."""
     from types import SimpleNamespace
 
-    from gradnode.node.swarm.chores import off_majority
     from gradnode.node.swarm.health import chain_view
     from gradnode.protocol.records import WeightHash
 
@@ -250,7 +257,6 @@ def test_an_ally_by_an_older_round_does_not_vote_for_our_hash_of_a_newer_one() -
     round 12, and their reports of 12 name another hash: it is off the majority and re-syncs."""
     from types import SimpleNamespace
 
-    from gradnode.node.swarm.chores import off_majority
     from gradnode.node.swarm.health import chain_view
     from gradnode.protocol.records import WeightHash
 
@@ -263,7 +269,7 @@ def test_an_ally_by_an_older_round_does_not_vote_for_our_hash_of_a_newer_one() -
 
 
 def test_allies_since_are_the_peers_on_our_chain_holding_our_state_of_the_round() -> None:
-    """chain.allies_since, which the node's hash check (chores.off_majority) and the simulator's both read: the
+    """chain.allies_since, which the node's hash check (protocol/peer.py off_majority) and the simulator's both read: the
     other peers of our group by the chain rule whose tail shares our state of the round or a later one; a peer
     on another chain, one a round behind, and a peer with no tail of its own have none."""
     tails = {"a": tail("aa", 12), "b": tail("aa", 12), "c": tail("aa", 11), "d": tail("zz", 12), "me": tail("aa", 12)}

@@ -98,14 +98,24 @@ def test_a_failed_chores_job_is_logged_not_taken_for_a_hash_mismatch(tmp_path) -
     from gradnode.node.swarm.chores import Chores, Findings
     from gradnode.node.swarm.health import chain_view
     from gradnode.node.swarm.peer import Peer
+    from gradnode.protocol.peer import Reason
 
     peer = Peer(load_config(None, {"run.output_dir": str(tmp_path)}))
+    peer.engine = SimpleNamespace(round=8)  # the round it computes next (a re-sync looks from there)
+    me = peer.identity.peer_id
     # the chores thread's bookkeeping without a network: its jobs below are finished futures
     peer.chores = Chores(cfg=peer.cfg, members=None, transport=None, phases=peer.phases, publish_member=lambda: None,
                          save=lambda snap: None, round_seconds=lambda: 1.0, look_at_chains=lambda: None)
     synced = []
-    peer._sync_state = lambda reason, force=False: synced.append(reason)  # would re-sync on a mismatch
-    for outcome in (RuntimeError("chores bug"), Findings(None, None), Findings(3, None)):
+    peer._sync_state = lambda want: synced.append(want.reason)  # would re-sync on a mismatch
+    honest = [(4, "h4"), (5, "h5"), (6, "h6"), (7, "h7")]
+    members = lambda **tails: {p: SimpleNamespace(training=True, chain=t) for p, t in tails.items()}  # noqa: E731
+    # a and b on the honest chain, this peer off it at round 3, and off the majority of round 3's reports
+    off = chain_view(members(a=honest, b=honest), me, [(2, "h2"), (3, "mine")])
+    on = chain_view(members(a=honest, b=honest), me, honest)
+    reports = {"a": "h3", "b": "h3"}
+    for outcome in (RuntimeError("chores bug"), Findings(-1, None, {}, on), Findings(3, "h3", reports, on),
+                    Findings(3, "mine", reports, off)):
         job: Future = Future()
         if isinstance(outcome, Exception):
             job.set_exception(outcome)
@@ -114,26 +124,24 @@ def test_a_failed_chores_job_is_logged_not_taken_for_a_hash_mismatch(tmp_path) -
         peer.chores._job = job
         peer._settle_chores()
         assert peer.chores._job is None
-    assert synced == ["hash mismatch"]  # only the real mismatch (round 3) re-syncs
-    peer.history.trusted_from = 5
+    assert synced == [Reason.HASH_MISMATCH]  # only the real mismatch (round 3) re-syncs
+    peer.core.trusted_from = 5
     peer.chores._job = Future()
-    peer.chores._job.set_result(Findings(3, None))  # checked before a re-sync that replaced round 3: moot
+    peer.chores._job.set_result(Findings(3, "mine", reports, off))  # checked before a re-sync replaced round 3: moot
     peer._settle_chores()
-    assert synced == ["hash mismatch"]
+    assert synced == [Reason.HASH_MISMATCH]
 
     # no verdict (two keys list round 8 under two hashes after the honest chain's round 7, and every honest tail
     # is unsure); this peer forked at round 6: off the reports' majority in 3 looks in a row it re-syncs, when
     # more than half of the tails list the majority's state; with a majority no tails vouch for, it waits
-    honest = [(4, "h4"), (5, "h5"), (6, "h6"), (7, "h7")]
-    members = {p: SimpleNamespace(training=True, chain=t) for p, t in
-               {"a": honest, "b": honest, "c": honest, "x": honest + [(8, "x8")], "y": honest + [(8, "y8")]}.items()}
-    view = chain_view(members, peer.identity.peer_id, [(4, "h4"), (5, "h5"), (6, "mine")])
+    view = chain_view(members(a=honest, b=honest, c=honest, x=honest + [(8, "x8")], y=honest + [(8, "y8")]), me,
+                      [(4, "h4"), (5, "h5"), (6, "mine")])
     assert not view.standing.decided
-    peer.history.trusted_from = 0
-    for majority, want in (("h6", ["hash mismatch"] * 2), ("nobody's", ["hash mismatch"] * 2)):
+    peer.core.trusted_from = 0
+    for majority, want in (("h6", [Reason.HASH_MISMATCH] * 2), ("nobody's", [Reason.HASH_MISMATCH] * 2)):
         for _ in range(3):
             peer.chores._job = Future()
-            peer.chores._job.set_result(Findings(6, view, majority))
+            peer.chores._job.set_result(Findings(6, "mine", dict.fromkeys("abc", majority), view))
             peer._settle_chores()
         assert synced == want, majority
 
@@ -187,7 +195,7 @@ def test_a_fork_sync_adopts_only_a_state_most_of_the_winning_chain_lists(tmp_pat
     members = lambda **tails: {p: SimpleNamespace(training=True, chain=t) for p, t in tails.items()}  # noqa: E731
     asked: list = []
     peer.engine = SimpleNamespace(round=21)  # the state it holds (the sync below adopts none)
-    peer.sync = SimpleNamespace(level=lambda reason, force, links: asked.append(links) or True)
+    peer.sync = SimpleNamespace(level=lambda want: asked.append(set(want.links)) or True)
     peer._look_at_chains = lambda: chain_view(members(a=honest, b=honest, c=honest[:2] + [(25, "made-up")]), me,
                                               [(19, "mine"), (20, "mine")])
     assert peer._follow_winning_chain() and asked == [set(honest)]  # the key's state is no link most list
@@ -208,6 +216,7 @@ def test_a_peer_that_adopts_an_earlier_state_keeps_the_updates_of_the_rounds_it_
     from gradnode.node.swarm.peer import Peer
     from gradnode.node.train import checkpoint
     from gradnode.node.train.engine import Engine
+    from gradnode.protocol.peer import Reason
 
     peer = Peer(tiny_config(tmp_path))
     peer.engine = Engine(peer.cfg)
@@ -220,12 +229,12 @@ def test_a_peer_that_adopts_an_earlier_state_keeps_the_updates_of_the_rounds_it_
     for r in (12, 14, 16):
         checkpoint.save(folder, r, peer.engine.shared_state(), meta={"run_id": peer.cfg.run.run_id}, keep=10)
 
-    def adopt(reason, force, links):  # the fork rule's sync: the state round 13 starts from, of the winning chain
+    def adopt(want):  # the fork rule's sync: the state round 13 starts from, of the winning chain
         peer.engine.round = 13
         return True
 
     peer.sync = type("S", (), {"level": staticmethod(adopt)})()
-    assert peer._sync_state("fork", force=True, links=set())
+    assert peer._sync_state(peer.core.resync(Reason.FORK, 16, set()))
     assert all(peer.transport.blobs.get(name) == data for name, data in held.items())
     assert [p.name for p in checkpoint.list_checkpoints(folder)] == ["round-00000012"]
 

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gradnode.protocol import chain
 from gradnode.protocol import sync
 
 
@@ -91,19 +90,11 @@ def test_a_starting_peer_looks_for_a_newer_state_only_when_a_record_names_a_late
     assert sync.newer_in_sight(own, [*others, own + 1])  # one record past ours is enough (a record lags its peer)
 
 
-def test_a_hash_off_the_majority_resyncs_unless_our_chain_wins() -> None:
-    """Off the reports' majority on a round since the last re-sync: without a look at the chains it re-syncs;
-    with one, the chain rule decides (a peer whose chain wins stays). A mismatch on a round before the last
-    re-sync is on weights replaced since: nothing to repair."""
+def test_a_mismatch_counts_only_on_a_round_since_the_last_resync() -> None:
+    """A mismatch on a round before the last re-sync is on weights replaced since: nothing to repair (the peer
+    core's hash check reads it: tests/test_peer_core.py)."""
     assert sync.mismatch_counts(7, trusted_from=5) and not sync.mismatch_counts(4, trusted_from=5)
     assert not sync.mismatch_counts(None, trusted_from=0)
-    assert sync.after_hash_check(True, chain.Follow(), None) is chain.Move.RESYNC
-    assert sync.after_hash_check(False, chain.Follow(), None) is chain.Move.STAY
-    tails = {"me": [(6, "m")], "a": [(6, "m")], "b": [(6, "x")]}
-    winning = chain.standing(tails, "me")
-    assert winning.on_winner and sync.after_hash_check(True, chain.Follow(), winning) is chain.Move.STAY
-    losing = chain.standing({"me": [(6, "m")], "a": [(6, "x")], "b": [(6, "x")]}, "me")
-    assert not losing.on_winner and sync.after_hash_check(True, chain.Follow(), losing) is chain.Move.RESYNC
 
 
 def test_the_run_is_over_only_when_most_of_the_peers_ledger_says_so() -> None:

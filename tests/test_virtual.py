@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from gradnode.node.sim import virtual
+from gradnode.protocol import peer as peer_core
 
 # CI's depth: the sweeps below run about 900 seeded scenarios in 63 CPU-seconds alone (the bar: at least 500
 # within 2 minutes). GRADNODE_SIM_DEPTH=K runs K times as many seeds of every sweep, for a deeper search
@@ -598,6 +599,17 @@ def test_the_virtual_faults_name_what_is_modelled() -> None:
             virtual.parse_liars(spec, 8 if "fewer" not in words else 4)
 
 
+def _repair(p: virtual.VPeer) -> peer_core.Resync:
+    """The look the peer core asks for after a hash mismatch, for p at its engine's round."""
+    return p.core.resync(peer_core.Reason.HASH_MISMATCH, max(p.hashes) + 1)
+
+
+def _fork(sim: virtual.Simulation, p: virtual.VPeer, winners: tuple[str, ...]) -> peer_core.Resync:
+    """The fork sync towards ``winners``'s chain: the states most of their tails list."""
+    return p.core.resync(peer_core.Reason.FORK, max(p.hashes) + 1,
+                         virtual.chain.vouched(sim._tails(p, with_me=False), winners))
+
+
 def test_a_peer_off_the_majority_looks_for_the_chain_the_others_follow_not_its_own() -> None:
     """A peer off the majority by its weight hash looks for a state of the chain the other voting trainers
     follow, read again at each look, and casts no vote itself (statesync.winning_links: its own chain is the
@@ -616,7 +628,7 @@ def test_a_peer_off_the_majority_looks_for_the_chain_the_others_follow_not_its_o
         tail = chains[name]
         p.records[q] = (0.0, tail, (tail, {-1: "genesis", **dict(tail)}, {0: b"", 1: b""}, {}, Reputation()), 2.0)
     sim.clogged = {frozenset(("p0000", q)) for q in ("p0002", "p0003", "p0004")}
-    sim._resync(p, 1, ("p0002", "p0003", "p0004"), fork=False)
+    sim._resync(p, 1, _repair(p))
     assert p.hashes[1] == "a1" and sim.no_offer == 1  # B's offers out of reach: it looks again later
     sim.clogged = set()
     del p.records["p0004"]
@@ -663,27 +675,26 @@ def test_a_donor_is_known_by_its_record_only_and_one_out_of_reach_costs_a_timeou
     # a re-sync after a hash mismatch (a look of max_wait_s): one dead donor costs its timeout before the download
     sim, p = looking()
     sim.peers["p0001"].alive = False
-    sim._resync(p, 0, (), fork=False)
+    sim._resync(p, 0, _repair(p))
     assert p.resyncs == 1 and p.hashes[1] == "b1"
     assert p.busy_until == sim.now + virtual.OPEN_S + sim._transfer_s(None, p.id, sim.sc.state_bytes)
     # both dead: the download retries them for max(10, 60 / 2) s, and the offers are read again a second later
     sim, p = looking()
     sim.peers["p0001"].alive = sim.peers["p0002"].alive = False
-    sim._resync(p, 0, (), fork=False)
+    sim._resync(p, 0, _repair(p))
     assert p.resyncs == 0 and sim.no_offer == 1 and min(t for t, *_ in sim._heap) == 31.0
 
 
 def test_the_simulators_hash_check_is_the_nodes_allies_count_and_a_mismatch_takes_its_own_rounds_state() -> None:
     """The simulator's hash check reads what the node's does (one that read less gave kinder figures):
     - a report of round r by a peer that moved to our chain since, holding our state of r, counts for our hash
-      (chores.off_majority: the 'f' pair's report would win a 2-2 tie by the lowest id, but p0001 follows our
+      (protocol/peer.py off_majority: the 'f' pair's report would win a 2-2 tie by the lowest id, but p0001 follows our
       'a' chain now);
     - after a hash mismatch the look takes a state of the peer's own newest round on (Sync.level, sync.lowest_round):
       a peer that applied round 1 off the majority does not take round 0's state, as a lost fork does;
     - the findings are acted on at the next apply's hand-off (Peer._hand_off_chores), not at once."""
     from gradnode.protocol.reputation import Reputation
 
-    chain_standing = virtual.chain.Standing(True, False, (), 1)
     sim = virtual.Simulation(virtual.Scenario(peers=4, rounds=30, seed=0))
     me = sim.peers["p0003"]
     a, f = ((10, "a10"), (11, "a11"), (12, "a12")), ((10, "f10"), (11, "f11"), (12, "f12"))
@@ -692,12 +703,12 @@ def test_the_simulators_hash_check_is_the_nodes_allies_count_and_a_mismatch_take
         me.records[q] = (0.0, tail, None, 2.0)
         me.weights[11][q] = reported
     me.weights[11]["p0003"] = "a11"
-    got = sim._read_check(me, 11, lingering=False)
-    assert not got.off and got.majority == "a11"
+    got = sim._read_check(me, 11)
+    assert peer_core.off_majority(got.reports, got.mine, got.chains, 11, me.id) is None  # 'a11' wins
     me.records["p0001"] = (0.0, f, None, 2.0)  # still on the 'f' chain: its report counts as it stands, and wins
     me.held += 1  # a record changed (what p's sight is kept by)
-    got = sim._read_check(me, 11, lingering=False)
-    assert got.off and got.majority == "f11"
+    got = sim._read_check(me, 11)
+    assert peer_core.off_majority(got.reports, got.mine, got.chains, 11, me.id) == "f11"
 
     # the look after a mismatch: p0000 applied round 1 on a chain of its own; only round 0's state is offered
     sim = virtual.Simulation(virtual.Scenario(peers=4, rounds=30, seed=0))
@@ -706,36 +717,29 @@ def test_the_simulators_hash_check_is_the_nodes_allies_count_and_a_mismatch_take
     old = ((0, "b0"),)
     for q in ("p0001", "p0002", "p0003"):
         p.records[q] = (0.0, old, (old, {-1: "genesis", 0: "b0"}, {0: b""}, {}, Reputation()), 2.0)
-    sim._resync(p, 1, (), fork=False)
+    sim._resync(p, 1, _repair(p))
     assert p.resyncs == 0 and sim.no_offer == 1  # it reads the offers again until round 1's state is offered
-    sim._resync(p, 1, ("p0001", "p0002", "p0003"), fork=True)
+    sim._resync(p, 1, _fork(sim, p, ("p0001", "p0002", "p0003")))
     assert p.resyncs == 1 and max(p.hashes) == 0  # a lost fork takes the winners' state, whatever its round
 
     # acted on a round later: the check of round r handed over at the apply of r + 1 is settled at the next
     sim = virtual.Simulation(virtual.Scenario(peers=4, rounds=30, seed=0))
     p = sim.peers["p0000"]
     settled: list[int] = []
-    sim._settle_check = lambda p_, r, found, last, lingering: settled.append(r)  # type: ignore[method-assign]
+    sim._settle_check = lambda p_, r, found: settled.append(r)  # type: ignore[method-assign]
     sim._check(p, 4)
-    assert settled == [] and p.chores is not None and p.chores[1] == 4
+    assert settled == [] and p.chores is not None and p.chores.round == 4
     sim._check(p, 5)
-    assert settled == [4] and p.chores[1] == 5
-    findings = virtual.Findings(off=True, majority="x", standing=chain_standing, elsewhere=False)
-    sim._read_check = lambda p_, r, lingering: findings  # type: ignore[method-assign]
-    p.chores = (p.gen, 5, findings)
-    p.gen += 1  # a re-sync since round 5's findings were read: its mismatch is moot, its look at the chains is not
-    offs: list[bool] = []
-    sim._settle_check = lambda p_, r, found, last, lingering: offs.append(found.off)  # type: ignore[method-assign]
-    sim._check(p, 6)
-    assert offs == [False] and p.chores[1] == 6
+    assert settled == [4] and p.chores.round == 5
     p.busy_until = sim.now + 30.0  # a look for a state that found none holds the main loop: read after it
     sim._check(p, 7)
-    assert offs == [False, True] and p.chores is None
+    assert settled == [4, 5] and p.chores is None
     sim.now = 30.0
     sim._hand_off(p, 7, p.gen)
-    assert p.chores is not None and p.chores[1] == 7
+    assert p.chores is not None and p.chores.round == 7
     sim._check(p, 28)  # the run's last round applied (29): the drain settles both at once
-    assert offs == [False, True, True, True] and p.chores is None
+    assert settled == [4, 5, 7, 28] and p.chores is None
+
 
 
 def test_asking_the_witnesses_waits_for_those_out_of_reach_and_a_liar_serves_its_lie() -> None:

@@ -33,15 +33,13 @@ What is modelled, and how:
   of round ``partition_at`` to the first of ``heal_at``: records in flight are lost, the other side's
   records go stale, and each side trains on as its own swarm.
 - A peer's weights are a hash chain: the hash of round r is the hash of round r - 1 and the set applied.
-  After applying round r a peer publishes that hash, with its member record; after applying the next it
-  compares its hash of r with the majority of the reports it received (a report of an ally that moved to its
-  chain since counting for its hash) and groups the tails in its sight by chain (protocol/chain.py), and after
-  applying the one after, chain.Follow says whether it leaves its chain: then it adopts the newest state a peer
-  of the winning chain offers (after a hash mismatch, one of its own round on), after a download time, as the
-  node's chores thread reads and Peer._settle_chores acts at the next hand-off (at once in the run's last
-  rounds, as the node's drain). It knows a donor by its record only: one whose process died or whose link is cut
-  costs a stream's open timeout (``OPEN_S``), and with no donor of the newest state in reach the download
-  retries until it gives up and the peer looks again.
+  After applying round r a peer publishes that hash, with its member record. After applying the next it reads
+  the reports of r and the tails in its sight, and after applying the one after, its peer core decides
+  (protocol/peer.py, the node's own rules between rounds: stay, re-sync, or follow the winning chain); in the
+  run's last rounds it decides at once (the node's drain). A re-sync adopts the newest state a peer offers
+  that the core's ``Resync`` allows, after a download time. It knows a donor by its record only: one whose
+  process died or whose link is cut costs a stream's open timeout (``OPEN_S``), and with no donor of the
+  newest state in reach the download retries until it gives up and the peer looks again.
 
 Adversaries (``Scenario.liars``): a real core whose outputs a policy rewrites, never a mock.
 - ``censor``: its report lists only its own update (the 'lowid' attacker of the process tests: a witness
@@ -97,11 +95,12 @@ from typing import Any, Callable, NamedTuple
 
 from gradnode.node.sim import sizes, traffic
 from gradnode.protocol import chain
+from gradnode.protocol import peer as peer_core
 from gradnode.protocol import round as core
 from gradnode.protocol import sync as sync_rules
 from gradnode.protocol import votes
 from gradnode.protocol.gossip import CopyBudget, copy_window_s
-from gradnode.protocol.records import FINGERPRINT_BYTES, majority_of, pack, resolve
+from gradnode.protocol.records import FINGERPRINT_BYTES, pack, resolve
 from gradnode.protocol.reputation import Reputation
 from gradnode.protocol.screening import Screen, judge
 from gradnode.protocol.votes import CONTRIBUTOR_ROUNDS
@@ -110,12 +109,8 @@ from gradnode.protocol.witness import Counts, eligible_witnesses
 TAIL = 4  # rounds of its chain a peer publishes (protocol/chain.py)
 VOTES = ("contributors", "ledger", "everyone")  # Scenario.votes
 FINAL_CHECK_S = 10.0  # after its last round a peer checks that round's hash against the others' this much later
-LINGER_S = 60.0  # then it serves on while others are not on its state, looking at the chains (Peer._linger)
-LOOK_S = 2.0  # how often a lingering peer looks at the chains
-FORK_SYNC_S = 10.0  # how long a peer off the winning chain looks for its state offer (node/swarm/sync.py)
 OFFER_POLL_S = 0.5  # how often a peer looking for a state offer reads the offers again (statesync.fetch)
 OPEN_S = 5.0  # a stream to a donor whose process died or whose link is cut fails after this (transport._OPEN_S)
-JOIN_LOOK_S = 3.0  # how long a (re)starting peer looks for a newer state (node/swarm/sync.py)
 WITNESS_LIES = ("censor", "equivocate", "withhold")  # liars about what they hold (see the module's docstring)
 CONTENT_LIES = ("signflip", "noise", "freerider")  # honest witnesses whose updates do not help
 # honest witnesses and updates whose member records lie: an hour a round (PACE_LIE_S), a state far ahead
@@ -266,15 +261,6 @@ class _Offer(NamedTuple):
     state: Any
 
 
-class Findings(NamedTuple):
-    """What a hash check read of a round (Simulation._read_check), as the node's chores read it."""
-
-    off: bool  # this peer's hash is off the reports' majority
-    majority: str | None  # the majority's hash (None: no vote to count)
-    standing: chain.Standing  # where this peer stands by the chain rule
-    elsewhere: bool  # more than half of all tails list the majority's state (chain.adoptable)
-
-
 @dataclass
 class VPeer:
     id: str
@@ -308,9 +294,9 @@ class VPeer:
     sight: Any = None  # Simulation._sight's last reading: (held, when a record of it expires, tails, rounds)
     views: dict[int, Any] = field(default_factory=dict)  # round -> the last view of it made (Simulation._view)
     offer: Any = None  # the state it offers now (one snapshot shared by its readers), rebuilt when it changes
-    follow: chain.Follow = field(default_factory=chain.Follow)
-    # the hash check handed to the chores thread at the last apply, settled at the next (gen, round, findings)
-    chores: tuple[int, int, Findings] | None = None
+    core: peer_core.PeerCore | None = None  # its rules between rounds (protocol/peer.py), made by Simulation
+    # the hash check handed to the chores thread at the last apply, settled at the next
+    chores: peer_core.HashChecked | None = None
     done: bool = False  # its last round is applied and checked: it stops its heartbeat
     final_gen: int = -1  # the state (gen) whose last round's check is scheduled
     alive: bool = True  # its process runs (churn: killed, stopped, or not joined yet)
@@ -342,6 +328,8 @@ class Simulation:
         self.sc, self.rng = sc, random.Random(sc.seed)
         lies, slow = dict(sc.liars), dict(sc.slow)
         self.peers = {f"p{i:04d}": VPeer(f"p{i:04d}", slow.get(i, 1.0), lies.get(i, "")) for i in range(sc.peers)}
+        for p in self.peers.values():
+            p.core = self._core(p)
         drift = random.Random(f"{sc.seed}/drift")  # its own stream: a run without drift draws as before
         self.off = {q: drift.uniform(-sc.drift_s, sc.drift_s) if sc.drift_s else 0.0 for q in self.peers}
         self.off.update({f"p{i:04d}": d for i, d in sc.clock_off})
@@ -409,6 +397,10 @@ class Simulation:
                 self.peers[peer].alive = False
 
     # --- the clock ---------------------------------------------------------------------------------
+
+    def _core(self, p: VPeer) -> peer_core.PeerCore:
+        """A new process's peer core: nothing of the last one's looks survives a restart."""
+        return peer_core.PeerCore(p.id, peer_core.Params(max_wait_s=self.sc.params.max_wait_s))
 
     def at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
         """Call ``fn(*args)`` at virtual time t (now if t is past); events of equal times in the order pushed."""
@@ -678,7 +670,7 @@ class Simulation:
         p.mail = {k: box for k, box in ((k, [e for e in box if e[0] >= self.now and e[2] is not None])
                                         for k, box in p.mail.items()) if box}
         p.stamps, p.members_read = {}, self.now
-        p.follow, p.waiting, p.computed, p.chores = chain.Follow(), None, -1, None
+        p.core, p.waiting, p.computed, p.chores = self._core(p), None, -1, None
         self._revote(p)
         self._heartbeat(p)
         self.at(self.now + self.heartbeat_s + 2 * self.sc.latency_s, lambda gen=p.gen: self._rejoin(p, gen))
@@ -687,10 +679,11 @@ class Simulation:
         if gen != p.gen or not p.alive:
             return
         own = max(p.applied, default=-1)
-        offer, dead = self._newest_offer(p, None, after=own)
+        want = p.core.resync(peer_core.Reason.JOIN, own + 1)
+        offer, dead = self._newest_offer(p, None, after=want.lowest_round - 2)
         start = own + 1
-        if offer is None and dead:  # its look (JOIN_LOOK_S) found only donors out of reach: on from its own state
-            p.busy_until = self.now + JOIN_LOOK_S
+        if offer is None and dead:  # its look found only donors out of reach: on from its own state
+            p.busy_until = self.now + want.look_s
         if offer is not None:
             tail, hashes, applied, ledger, p.reputation = offer
             self.made_up += tail[-1] in self.fakes and not p.lie
@@ -705,7 +698,7 @@ class Simulation:
                 if on_chain else sync_rules.CatchUp.DOWNLOAD
             p.hashes, p.applied, p.ledger, p.senders = dict(hashes), dict(applied), dict(ledger), frozenset()
             self._revote(p)
-            p.busy_until = self.now + _download_s(dead, JOIN_LOOK_S) + \
+            p.busy_until = self.now + _download_s(dead, want.look_s) + \
                 self._transfer_s(None, p.id, missed if how is sync_rules.CatchUp.REPLAY else self.sc.state_bytes)
             if how is sync_rules.CatchUp.REPLAY:
                 p.traffic.update_bytes_down += missed
@@ -714,6 +707,7 @@ class Simulation:
             self.downloads += how is sync_rules.CatchUp.DOWNLOAD
             self.catchups += how is sync_rules.CatchUp.REPLAY
             self.far_states += start > self.sc.rounds and not p.lie  # past the run's end: only a liar offers one
+            p.core.step(peer_core.StateAdopted(self.now, start - 1))
         self._publish_record(p)
         self._compute(p, start)
 
@@ -891,22 +885,26 @@ class Simulation:
             self.at(self.now + FINAL_CHECK_S, lambda gen=p.gen: gen == p.gen and self._final_check(p, r - 1))
 
     def _final_check(self, p: VPeer, r: int) -> None:
-        """The last round's hash check, then the linger: while a peer in sight is behind or on another chain
-        (up to LINGER_S), look at the chains every LOOK_S and follow the winning one (chain.Follow)."""
+        """The last round's hash check, then the linger (the peer core's ``Finished``)."""
         self._check(p, r, last=True)
-        self._linger(p, r, self.now + LINGER_S, p.gen)
+        p.core.step(peer_core.Finished(self.now))
+        self._linger(p, r, p.gen)
 
-    def _linger(self, p: VPeer, r: int, until: float, gen: int) -> None:
+    def _linger(self, p: VPeer, r: int, gen: int) -> None:
+        """A linger's poll, every peer_core.LINGER_POLL_S: what the peer core says, carried out."""
         if gen != p.gen:  # it re-synced: it runs its rounds again, and checks again at their end
             return
-        mine = p.tail()
-        waiting = [q for q, t in self._tails(p, with_me=False).items()
-                   if t and (t[-1][0] < r or chain.agree(mine, t) is False)]
-        if not waiting or self.now >= until:
+        self._read_members(p)
+        rounds = {q: k for q, (k, training) in self._sight(p)[1].items() if training}
+        act = p.core.step(peer_core.Lingering(self.now, max(p.hashes) + 1, peer_core.Chains(self._tails(p)), rounds))
+        if isinstance(act, peer_core.Leave):
             p.done = True
             return
-        self._check(p, r, lingering=True)
-        self.at(self.now + LOOK_S, lambda: self._linger(p, r, until, gen))
+        if isinstance(act, peer_core.LookAgain):
+            self._carry_out(p, r, act)
+            if gen != p.gen:
+                return
+        self.at(self.now + peer_core.LINGER_POLL_S, lambda: self._linger(p, r, gen))
 
     # --- what a peer reads ------------------------------------------------------------------------
     # The node reads the DHT by polling, and a read of a key returns every value under it. These count its reads
@@ -1306,24 +1304,19 @@ class Simulation:
         p.workers = {q: k for q, k in p.workers.items() if k > r - CONTRIBUTOR_ROUNDS}
         p.workers.update((q, r) for q in extra if q in kept)
 
-    def _check(self, p: VPeer, r: int, last: bool = False, lingering: bool = False) -> None:
-        """After applying round r + 1 (or at the end, ``last``, or while lingering): round r's hash against the
-        majority of the weight reports p received, and the chain rule over the member records in its sight (what
-        the node's chores thread reads after it hands a round over); which chain p follows then is chain.Follow's
-        to say (Peer._settle_chores, _last_round_off_majority). The node settles the previous round's chores
-        first, then hands this one over (Peer._hand_off_chores): it acts on its findings after its next round is
-        applied, and they are read once a look for a state that found none has ended. So does the simulator
-        (``VPeer.chores``), except in the run's last rounds (the node's drain settles them at once), at the end
-        and while lingering."""
-        if last or lingering:
-            self._settle_check(p, r, self._read_check(p, r, lingering), last, lingering)
+    def _check(self, p: VPeer, r: int, last: bool = False) -> None:
+        """After applying round r + 1 (or at the end, ``last``): round r's hash check, read when the node's chores
+        read it, after it hands a round over (``_read_check``), and stepped through the peer core. The node settles the previous
+        round's chores first, then hands this one over (Peer._hand_off_chores): it acts on its findings after its
+        next round is applied, and they are read once a look for a state that found none has ended. So does the
+        simulator (``VPeer.chores``), except in the run's last rounds (the node's drain settles them at once) and at
+        the end."""
+        if last:
+            self._settle_check(p, r, replace(self._read_check(p, r), check=peer_core.Check.LAST))
             return
         pending, p.chores, gen = p.chores, None, p.gen
         if pending is not None:
-            pgen, pr, found = pending
-            if pgen != gen:  # a re-sync since: the mismatch is moot (mismatch_counts), the look at the chains is not
-                found = found._replace(off=False, majority=None, elsewhere=False)
-            self._settle_check(p, pr, found, last=False, lingering=False)
+            self._settle_check(p, pending.round, pending)
         if p.gen != gen:  # it re-synced now: the round just checked is on weights replaced since
             return
         if p.busy_until > self.now:  # a look for a state holds the main loop: the hand-off comes after it
@@ -1336,43 +1329,31 @@ class Simulation:
         the run's last rounds (Peer._drain)."""
         if gen != p.gen or not p.alive:
             return
-        found = self._read_check(p, r, False)
+        found = self._read_check(p, r)
         if r + 1 >= self.sc.rounds - 1:
-            self._settle_check(p, r, found, last=False, lingering=False)
+            self._settle_check(p, r, found)
         else:
-            p.chores = (gen, r, found)
+            p.chores = found
 
-    def _read_check(self, p: VPeer, r: int, lingering: bool) -> Findings:
-        """What the chores read of round r (``Findings``), as chores.off_majority and Peer._settle_chores read it."""
+    def _read_check(self, p: VPeer, r: int) -> peer_core.HashChecked:
+        """What the chores read of round r: the voting weight reports, p's hash, and the chains in its sight."""
         counts_for = self._votes(p)
         reported = p.weights.get(r, {})
         p.traffic.read("weights", len(reported), sizes.weights(len(p.sets.get(r, ()))))
-        votes = {q: h for q, h in reported.items() if counts_for(q)}
-        off, best, tails, mine = False, None, self._tails(p), p.hashes.get(r)
-        if r >= 0 and votes and mine is not None:
-            best = majority_of(votes)[0]
-            if best != mine:  # a report of a chain its writer left for p's since counts for p's hash
-                votes.update((q, mine) for q in chain.allies_since(tails, p.id, r) if q in votes)
-                best = majority_of(votes)[0]
-            off = best != mine and not lingering  # the node's linger looks at the chains only
-        st = chain.standing(tails, p.id)
-        if lingering and st.tie:  # a tie is no majority that settled elsewhere (Peer._linger)
-            st = replace(st, on_winner=True)
-        elsewhere = off and not st.decided and (r, best) in (chain.adoptable(self._tails(p, with_me=False)) or ())
-        return Findings(off, best, st, elsewhere)
+        votes = {q: h for q, h in reported.items() if counts_for(q)} if r >= 0 else {}
+        return peer_core.HashChecked(self.now, r, max(p.hashes) + 1, p.hashes.get(r), votes,
+                                     peer_core.Chains(self._tails(p)))
 
-    def _settle_check(self, p: VPeer, r: int, found: Findings, last: bool, lingering: bool) -> None:
-        st = found.standing
-        if last:  # nobody publishes a newer tail after the end: the reports alone, unless the chains contradict them
-            move = chain.Move.RESYNC if found.off and (not st.on_winner or st.groups < 2) else chain.Move.STAY
-        else:  # with no verdict, a majority whose state most tails list (the node's Peer._settle_chores)
-            move = p.follow.step(st, found.off, found.elsewhere)
-        fork = False
-        if move is chain.Move.LOOK_AGAIN:  # the node reads the records afresh (Peer._follow_winning_chain)
-            st = chain.standing(self._tails(p), p.id)
-            fork = chain.Follow.confirm(st)
-        if move is chain.Move.RESYNC or fork:
-            self._resync(p, r, st.winners, fork=fork)
+    def _settle_check(self, p: VPeer, r: int, found: peer_core.HashChecked) -> None:
+        """The peer core's answer to a hash check, read at the hand-off and acted on now (p's engine round now)."""
+        self._carry_out(p, r, p.core.step(replace(found, now=self.now, engine_round=max(p.hashes) + 1)))
+
+    def _carry_out(self, p: VPeer, r: int, act: peer_core.Action) -> None:
+        """A look again reads the records afresh (Peer._follow_winning_chain); a ``Resync`` looks for a state."""
+        if isinstance(act, peer_core.LookAgain):
+            act = p.core.step(peer_core.ChainsLooked(self.now, max(p.hashes) + 1, peer_core.Chains(self._tails(p))))
+        if isinstance(act, peer_core.Resync):
+            self._resync(p, r, act)
 
     def _newest_offer(self, p: VPeer, links: set[chain.Link] | None, after: int = -2) -> tuple[Any, int]:
         """The newest state offered in p's sight past round ``after`` that the node's rule trusts (protocol/sync.py
@@ -1397,31 +1378,22 @@ class Simulation:
         reach = [o for o in good if self.peers[o.peer].alive and self._linked(p, self.peers[o.peer])]
         return (min(reach, key=lambda o: o.peer).state if reach else None), len(good) - len(reach)
 
-    def _resync(self, p: VPeer, r: int, winners: tuple[str, ...], fork: bool) -> None:
-        """Adopt the newest state offered in p's sight on the winning chain (an offer whose newest link the
-        winners' tails list, from a peer p can reach now; a tie to the lowest id), as statesync.newest_offers:
-        a fork's chain is ``winners``'s, a hash mismatch's the one the others follow (read again at each look,
-        ``_newest_offer``'s links None) and a state of p's own newest round on, not an older one (Sync.level).
-        None: p's main loop looks for one for FORK_SYNC_S (a fork) or max_wait_s (a hash mismatch), as the node's
-        does, then carries on with its own state. A fork whose winners' tails
-        vouch for no state yet (chain.vouched: records lag) is left for the next look (Peer._follow_winning_chain)."""
-        links = None
-        if fork:
-            links = chain.vouched(self._tails(p, with_me=False), winners)
-            if not links:
-                return
-        # an offer's round is its newest link's plus one; p's engine is at the round after its newest state
-        after = sync_rules.lowest_round(max(p.hashes) + 1, resync=True, fork=fork) - 2
-        look_s = FORK_SYNC_S if fork else self.sc.params.max_wait_s
+    def _resync(self, p: VPeer, r: int, want: peer_core.Resync) -> None:
+        """Carry out the peer core's ``Resync``: adopt the newest state offered in p's sight (``_newest_offer``) of
+        ``want.lowest_round`` on, of the chain its links name (a fork) or else the one the others follow (read
+        again at each look). None: p's main loop looks for one for ``want.look_s``, then carries on with its
+        own state."""
+        links = set(want.links) if want.links is not None else None
+        after = want.lowest_round - 2  # an offer's round is its newest link's plus one
         offer, dead = self._newest_offer(p, links, after)
         if offer is None:
             self.no_offer += 1
-            until = self.now + look_s
+            until = self.now + want.look_s
             p.busy_until = max(p.busy_until, until)
-            again = self.now + _again(dead, look_s)
-            self.at(again, lambda gen=p.gen: self._look_for_offer(p, r, links, after, until, look_s, gen))
+            again = self.now + _again(dead, want.look_s)
+            self.at(again, lambda gen=p.gen: self._look_for_offer(p, r, links, after, until, want.look_s, gen))
             return
-        self._adopt(p, r, offer, _download_s(dead, look_s))
+        self._adopt(p, r, offer, _download_s(dead, want.look_s))
 
     def _look_for_offer(self, p: VPeer, r: int, links: set[chain.Link] | None, after: int, until: float,
                         look_s: float, gen: int) -> None:
@@ -1458,7 +1430,7 @@ class Simulation:
         p.ledger, p.senders = dict(ledger), frozenset()
         self._revote(p)
         p.waiting, p.computed = None, -1
-        p.follow.lost = p.follow.stuck = 0  # looks before a new state say nothing about it (Peer._sync_state)
+        p.core.step(peer_core.StateAdopted(self.now, newest))
         # what it holds now, it says (the node's member record publishes its chain's tail, and a report of a
         # chain left since counts for the one followed now: chores.off_majority)
         self._publish_record(p, tuple((k, p.hashes[k]) for k in range(max(0, newest - TAIL + 1), newest + 1)

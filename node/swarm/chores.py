@@ -5,7 +5,7 @@ worker thread then publishes the weight hash of round r (and checks round r-1's 
 offers the shared state to joiners, refreshes the member record, looks at the chains the live trainers
 follow (health.py) and writes the checkpoint, while the inner steps of the next round compute. A hash
 mismatch or a lost fork found there is repaired by the main loop at the next round boundary
-(``settle``).
+(``settle``), as the peer core decides (protocol/peer.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Collection
+from typing import TYPE_CHECKING, Any, Callable
 
 from gradnode.node.config import Config
 from gradnode.node.swarm import adversary, statesync
@@ -22,7 +22,7 @@ from gradnode.node.swarm.history import RoundLog
 from gradnode.node.swarm.membership import Membership, kept_for_catchup
 from gradnode.node.swarm.report import Phases
 from gradnode.node.swarm.transport import Transport
-from gradnode.protocol.records import WeightHash, majority_hash, pack
+from gradnode.protocol.records import WeightHash, pack
 
 if TYPE_CHECKING:
     from gradnode.node.train.engine import Engine, Snapshot
@@ -41,11 +41,14 @@ class HashReport:
 
 @dataclass(frozen=True)
 class Findings:
-    """What a round's chores found that the main loop must act on."""
+    """What a round's chores read for the main loop, which steps the peer core with it (protocol/peer.py): the
+    weight reports of the round before ours (``reports``: peer -> hash, the voting ones; empty with no hash
+    check) with our hash of it, and the chains among the live trainers."""
 
-    mismatch: int | None  # the round whose weight hash lost the majority vote, if ours did
-    chains: ChainView | None  # the chains among the live trainers (None: not looked at)
-    majority: str | None = None  # the hash that won that vote
+    round: int
+    mine: str | None
+    reports: dict[str, str]
+    chains: ChainView
 
 
 @dataclass(frozen=True)
@@ -53,24 +56,6 @@ class StateOffer:
     state: dict[str, Any]
     param_hash: str
     round: int
-
-
-def off_majority(reports: list[WeightHash], mine: str | None, chains: ChainView, round_: int,
-                 serving: Collection[str] | None = None) -> str | None:
-    """Our hash ``mine`` of a round loses the majority vote of its weight reports. A peer that follows our chain
-    now counts for our hash: its report is of a chain it has left since (after a healed split the losing
-    side adopts the winner's chain, and its old reports of the rounds before the merge tie 2-2 with the
-    winners'; the tie went to the losers' old hash, and the winners re-synced towards a state nobody offered
-    any more, stalled max_wait_s, and the run ended split in two). ``serving``: the peers that accept streams
-    (a tie goes to a hash one of them holds: records.majority_hash). Only a peer seen to hold our state of
-    ``round_`` (the reports' round) or a later one counts so: one whose record is older than our newest
-    round says nothing about its hash of it (a peer that drifted alone in the last round counted its three
-    honest partners as allies by their round-before, and never re-synced). Returns the majority's hash when
-    ours is off it, else None."""
-    if mine is None:
-        return None
-    found = majority_hash(reports, moved={p: mine for p in chains.allies_since(round_)}, serving=serving)
-    return found[0] if found is not None and found[0] != mine else None
 
 
 class Chores:
@@ -127,11 +112,9 @@ class Chores:
         if snap is not None:
             with self.phases.time("checkpoint"):
                 self.save(snap)
-        mismatch = majority = None
-        if report is not None and before is not None:
-            majority = off_majority(before, report.previous_hash, chains, report.round - 1, self.members.serving())
-            mismatch = report.round - 1 if majority is not None else None
-        return Findings(mismatch, chains, majority)
+        if report is None or before is None:
+            return Findings(-1, None, {}, chains)
+        return Findings(report.round - 1, report.previous_hash, {w.peer: w.param_hash for w in before}, chains)
 
     def _report_hash(self, r: HashReport) -> list[WeightHash] | None:
         """Publish the weight hash of our newest applied round; the reports of the round before, when we hold

@@ -17,6 +17,7 @@ from typing import Collection
 
 from gradnode.node import write_json
 from gradnode.protocol import chain, skew
+from gradnode.protocol import peer as peer_core
 from gradnode.protocol.chain import Link
 from gradnode.protocol.records import MemberRecord
 
@@ -38,6 +39,11 @@ class ChainView:
     me: str = ""
     tails: dict[str, list[Link]] = field(default_factory=dict)  # the tails it was read from, by peer
     standing: chain.Standing = chain.Standing(True, False, (), 0)  # what the fork rule reads (chain.Follow)
+    serving: frozenset[str] | None = None  # the peers that accept streams (a tie goes to their chain)
+
+    def chains(self) -> peer_core.Chains:
+        """What the peer core reads of this look (protocol/peer.py)."""
+        return peer_core.Chains({p: tuple(t) for p, t in self.tails.items()}, self.serving)
 
     @property
     def allies(self) -> list[str]:
@@ -60,8 +66,9 @@ def chain_view(members: dict[str, MemberRecord], me: str, my_tail: list[Link],
         tails[me] = list(my_tail)
     found = chain.groups(tails, serving)
     trainers = len({p for p, m in members.items() if m.training} | {me})
+    serving = frozenset(serving) if serving is not None else None
     if not found:
-        return ChainView(trainers=trainers)
+        return ChainView(trainers=trainers, me=me, tails=tails, serving=serving)
     st = chain.standing(tails, me, serving)
     win = found[0]
     mine = next((g for g in found if me in g), [me])
@@ -69,7 +76,7 @@ def chain_view(members: dict[str, MemberRecord], me: str, my_tail: list[Link],
                      winner_links={link for p in win for link in tails[p]}, adoptable=chain.vouched(tails, win),
                      winners=win,
                      tie=me not in win and len(mine) == len(win), mine=len(mine),
-                     me=me, tails=tails, standing=st)
+                     me=me, tails=tails, standing=st, serving=serving)
 
 
 def clock_words(clock: skew.Estimate) -> str:

@@ -29,7 +29,6 @@ import random
 import threading
 import time
 from collections.abc import Collection
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -38,7 +37,7 @@ from gradnode.node.shutdown import Shutdown
 from gradnode.node.swarm import admission, adversary, events, finished, health
 from gradnode.node.swarm.addressbook import AddressBook, with_peer_id
 from gradnode.node.swarm.agreement import abstain
-from gradnode.node.swarm.chores import Chores, off_majority
+from gradnode.node.swarm.chores import Chores
 from gradnode.node.swarm.clock import Clock
 from gradnode.node.swarm.equivocation import Equivocators, OwnReports
 from gradnode.node.swarm.events import Kind
@@ -52,10 +51,11 @@ from gradnode.node.swarm.progress import Reporter, Stage
 from gradnode.node.swarm.report import PeerSummary, Phases, Tally, append_metrics
 from gradnode.node.swarm.sync import Sync
 from gradnode.node.swarm.transport import Transport, TransportError
-from gradnode.protocol import chain, skew
+from gradnode.protocol import peer as peer_core
+from gradnode.protocol import skew
 from gradnode.protocol import sync as sync_rules
 from gradnode.protocol import votes
-from gradnode.protocol.chain import Link
+from gradnode.protocol.peer import Check, Reason, Resync, Why
 from gradnode.protocol.records import Finished, update_name
 from gradnode.protocol.witness import eligible_witnesses
 
@@ -64,8 +64,6 @@ if TYPE_CHECKING:  # torch: imported by the training loop only, not by `--help`
 
 log = logging.getLogger(__name__)
 
-LINGER_S = 60.0  # at most this long a finished peer serves the others that do not hold its state yet
-LOOK_S = 2.0  # how often a lingering peer looks at the chains (chain.Follow acts on two looks in a row)
 CLOCK_CHECK_S = 60.0  # how often a peer pings a few others for their clocks (protocol/skew.py)
 CLOCK_PEERS = 5  # peers pinged a check: up to 2 initial peers, the rest voting trainers in sight
 FINISHED_TTL_S = 7 * 86400.0  # how long a peer's 'finished' record outlives it (a peer back after the run's end)
@@ -142,7 +140,8 @@ class Peer:
         self.skew: skew.Estimate | None = None  # this clock against the peers', as last measured
         self._clock_checked = -math.inf
         self._clock_thread: threading.Thread | None = None
-        self.follow = chain.Follow()  # when this peer leaves its chain for the winning one
+        # the rules between rounds: when this peer leaves its chain, re-syncs, lingers (protocol/peer.py)
+        self.core = peer_core.PeerCore(self.identity.peer_id, peer_core.Params(max_wait_s=self.sw.max_wait_s))
         # draws the rows of this witness's loss checks: no sender can tune an update to them
         self.secret = int.from_bytes(os.urandom(8), "big")
         self._judging = threading.Lock()  # the loss check (_judge): one shadow model for every round
@@ -393,7 +392,7 @@ class Peer:
         if self.stop.is_set():  # stopping, or the run is over (_ended_without_us)
             return
         self.progress.stage(Stage.GETTING_LEVEL, self.engine.round, "the newest state the swarm offers")
-        self._sync_state(reason="join")
+        self._sync_state(self.core.resync(Reason.JOIN, self.engine.round))
         self.tally.joined_round = self.engine.round
         log.info("training from round=%d of %s", self.engine.round, self.sw.rounds or "no set number of rounds",
                  extra=events.tag(Kind.START, peer=self.identity.peer_id, run=self.cfg.run.run_id,
@@ -667,51 +666,46 @@ class Peer:
         self.history.forget_before(self.engine.round - keep)
 
     def _settle_chores(self) -> None:
+        """Act on what the previous round's chores found, as the peer core decides (protocol/peer.py): stay,
+        re-sync to the majority's state, or look again and follow the winning chain."""
         found = self.chores.settle()
         if found is None:
             return
-        if found.chains is not None:
-            self.chains = found.chains
-        # the rules: protocol/sync.py (a round before our last re-sync was checked on weights replaced since;
-        # without a look at the chains, the chores found none to take, the reports decide alone)
-        off = sync_rules.mismatch_counts(found.mismatch, self.history.trusted_from)
-        me = self.identity.peer_id
-        elsewhere = off and found.chains is not None and (found.mismatch, found.majority) in (
-            chain.adoptable({p: t for p, t in found.chains.tails.items() if p != me}) or ())
-        act = sync_rules.after_hash_check(off, self.follow, self.chains.standing if found.chains is not None else None,
-                                          elsewhere)
-        if off and act is chain.Move.STAY:
+        self.chains = found.chains
+        act = self.core.step(peer_core.HashChecked(time.monotonic(), found.round, self.engine.round, found.mine,
+                                                   found.reports, found.chains.chains()))
+        if isinstance(act, peer_core.Stay) and act.why is Why.CHAIN_WINS:
             log.info("weight hash of round=%d differs from the majority, but this peer's chain wins by the "
-                     "chain rule (%d of %d trainers): staying", found.mismatch, self.chains.mine, self.chains.trainers)
-        if act is chain.Move.RESYNC:
+                     "chain rule (%d of %d trainers): staying", found.round, self.chains.mine, self.chains.trainers)
+        elif isinstance(act, Resync):
             log.warning("weight hash of round=%d differs from the majority and this peer is off the winning "
-                        "chain: re-syncing", found.mismatch)
-            self._sync_state(reason="hash mismatch", force=True)
-        elif act is chain.Move.LOOK_AGAIN:
+                        "chain: re-syncing", found.round)
+            self._sync_state(act)
+        elif isinstance(act, peer_core.LookAgain):
             self._follow_winning_chain()
 
     def _follow_winning_chain(self) -> bool:
-        """Off the chain most live trainers follow in enough looks in a row (chain.Follow): look again on fresh
-        records (the chores' look is a round old: while the others merge it can show a winner that has just
-        given its chain up, and a fork sync towards it found no offer and stalled) and, still off it, adopt a
-        state of that chain. Our unsent progress carries over; the losing chain's rounds since the split are
+        """Off the chain most live trainers follow in enough looks in a row: look again on fresh records (the
+        chores' look is a round old) and, still off it, adopt a state of that chain, as the peer core decides
+        (``ChainsLooked``). Our unsent progress carries over; the losing chain's rounds since the split are
         lost."""
         chains = self._look_at_chains()
-        if not self.follow.confirm(chains.standing):
-            return False
-        if not chains.adoptable:  # their tails vouch for no state yet (records lag): the next look may
-            log.info("this peer follows another chain than %d of %d trainers; no state most of them list yet",
-                     len(chains.winners), chains.trainers)
+        act = self.core.step(peer_core.ChainsLooked(time.monotonic(), self.engine.round, chains.chains()))
+        if not isinstance(act, Resync):
+            if act.why is Why.NO_STATE_YET:
+                log.info("this peer follows another chain than %d of %d trainers; no state most of them list yet",
+                         len(chains.winners), chains.trainers)
             return False
         log.warning("this peer follows another chain than %d of %d trainers: adopting theirs", len(chains.winners),
                     chains.trainers)
-        return self._sync_state(reason="fork", force=True, links=chains.adoptable)
+        return self._sync_state(act)
 
-    def _sync_state(self, reason: str, force: bool = False, links: set[Link] | None = None) -> bool:
+    def _sync_state(self, want: Resync) -> bool:
+        """Carry out a ``Resync`` (Sync.level); an adopted state is the core's to know (``StateAdopted``)."""
         before = self.engine.round
-        adopted = self.sync.level(reason, force, links)
+        adopted = self.sync.level(want)
         if adopted:
-            self.follow.lost = self.follow.stuck = 0  # looks before a new state say nothing about it
+            self.core.step(peer_core.StateAdopted(time.monotonic(), self.engine.round - 1))
         if adopted and self.engine.round < before:  # a chain given up: its newer checkpoints are moot
             from gradnode.node.train import checkpoint
 
@@ -820,15 +814,13 @@ class Peer:
                 break
             time.sleep(0.5)
         chains = self._look_at_chains()
-        # nobody publishes a newer tail after the end: a drift in the last round shows in the reports alone. They
-        # are followed unless the chain rule says ours wins over the chain the majority's hash is on (a tail
-        # that disagrees with everyone, one key's, must not switch this repair off)
-        majority = off_majority(reports, mine, chains, last, self.membership.serving())
-        if majority is None or (chains.on_winner and chains.groups > 1 and (last, majority) not in chains.winner_links
-                                and any((last, majority) in set(map(tuple, t)) for t in chains.tails.values())):
+        act = self.core.step(peer_core.HashChecked(time.monotonic(), last, self.engine.round, mine,
+                                                   {w.peer: w.param_hash for w in reports}, chains.chains(),
+                                                   Check.LAST))
+        if not isinstance(act, Resync):
             return False
         log.warning("weight hash of the last round=%d differs from the majority: re-syncing", last)
-        synced = self._sync_state(reason="last round", force=True)
+        synced = self._sync_state(act)
         if synced:
             self._publish_member(training=True)  # the peers lingering for us see our new chain at once
         return synced
@@ -933,7 +925,7 @@ class Peer:
                             f"; {health.clock_words(clock)}" if clock is not None and clock.off() else "")
                 next_say = time.monotonic() + 10.0
                 if running:
-                    self._sync_state(reason="catch up")  # the swarm may simply be ahead of us
+                    self._sync_state(self.core.resync(Reason.CATCH_UP, self.engine.round))  # the swarm may be ahead
             self.stop.wait(1.0)
 
     def _publish_member(self, training: bool, leaving: bool = False) -> None:
@@ -967,49 +959,37 @@ class Peer:
                       self.cfg.run.output_dir / "checkpoints")
 
     def _linger(self) -> None:
-        """Keep serving after the last round until every other live trainer holds our newest state too
-        (bounded): one still behind downloads it (waited for up to 30 s, as before: any 'training' record
-        counts here, a bulk key's too), and a contributor that ended the run on another hash (a report that
-        reached it too late, a drift only the last round's check sees) re-syncs from us (up to 60 s). Leaving
-        at once left it alone on its hash: its re-sync found no state offer (seen in CI: 2 of 5 peers)."""
-        t0, me, waiting, shown = time.monotonic(), self.identity.peer_id, [], []
-        behind_until, forked_until = t0 + min(self.sw.max_wait_s, 30.0), t0 + min(self.sw.max_wait_s, LINGER_S)
-        next_look = t0 + LOOK_S
+        """Keep serving after the last round until every other live trainer holds our newest state too, and
+        follow the winning chain if this peer finds itself off it: the peer core decides (protocol/peer.py
+        ``Lingering``); this loop reads the member records every LINGER_POLL_S and carries its answers out."""
+        t0, me, shown = time.monotonic(), self.identity.peer_id, ()
+        self.core.step(peer_core.Finished(t0))
         while not self.stop.is_set():
-            now = time.monotonic()
-            if now >= forked_until:
-                break
-            # the run is over here, not for the chain rule: while others are off our state, a look at the chains
-            # every LOOK_S, and off the winning one in two looks in a row, its state (a peer whose last check came
-            # before the others settled on the other side of a merge ended the run alone on its hash; found by
-            # the simulator, node/sim/virtual.py's linger)
-            if now >= next_look and waiting:
-                next_look = now + LOOK_S
-                # a chain that wins only by the lowest-id rule is no majority that settled elsewhere: at the end
-                # of a run those who agree with us may have left already (a finished honest peer, alone with a
-                # censor in sight, followed it)
-                st = self._look_at_chains().standing
-                if self.follow.step(st if not st.tie else replace(st, on_winner=True), False) is chain.Move.LOOK_AGAIN \
-                        and self._follow_winning_chain():
-                    self._publish_member(training=True)  # the others see our new chain at once
             votes = self.membership.votes()
             others = {p: m for p, m in self.membership.fresh(max_age=0).items() if m.training and p != me}
-            rounds = {p: m.round for p, m in others.items()} if now < behind_until else {}
-            waiting = chain.unsettled(self.history.tail(), {p: m.chain for p, m in others.items() if votes(p)},
-                                      self.engine.round, rounds)
-            if not waiting:
-                if now - t0 > 1.0:
+            tails = {p: tuple(m.chain) for p, m in others.items() if votes(p)}
+            tails[me] = tuple(self.history.tail())
+            act = self.core.step(peer_core.Lingering(time.monotonic(), self.engine.round,
+                                                     peer_core.Chains(tails, self.membership.serving()),
+                                                     {p: m.round for p, m in others.items()}))
+            if isinstance(act, peer_core.Leave):
+                if act.waiting:
+                    log.warning("run over; %d live trainer(s) still not on our state %s: leaving them",
+                                len(act.waiting), ",".join(p[:12] for p in act.waiting))
+                elif time.monotonic() - t0 > 1.0:
                     log.info("lingered %.1f s after the last round, until every live trainer held our state",
-                             now - t0)
+                             time.monotonic() - t0)
                 return
-            if waiting != shown:  # a line when who is waited for changes, not every poll
-                shown = waiting
+            if isinstance(act, peer_core.LookAgain):
+                if self._follow_winning_chain():
+                    self._publish_member(training=True)  # the others see our new chain at once
+                continue
+            if act.waiting != shown:  # a line when who is waited for changes, not every poll
+                shown = act.waiting
+                rounds = {p: m.round for p, m in others.items()}
                 log.info("run over; serving our state until these live trainers hold it: %s",
-                         ",".join(f"{p[:12]}@r{rounds[p]}" if p in rounds else p[:12] for p in waiting))
-            time.sleep(0.5)
-        if waiting:
-            log.warning("run over; %d live trainer(s) still not on our state %s: leaving them", len(waiting),
-                        ",".join(p[:12] for p in waiting))
+                         ",".join(f"{p[:12]}@r{rounds[p]}" if p in rounds else p[:12] for p in act.waiting))
+            time.sleep(peer_core.LINGER_POLL_S)
 
     def _refresh_gauges(self) -> None:
         """Fill in what the metrics port serves beyond the tally (heartbeat, every round, and scrapes)."""

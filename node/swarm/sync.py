@@ -22,15 +22,13 @@ from gradnode.node.swarm.report import Tally
 from gradnode.node.swarm.rules import UpdateRules
 from gradnode.node.swarm.transport import Transport
 from gradnode.protocol import sync as sync_rules
-from gradnode.protocol.chain import Link
+from gradnode.protocol import peer as peer_core
 
 if TYPE_CHECKING:
     from gradnode.node.train.engine import Engine
 
 log = logging.getLogger(__name__)
 
-JOIN_LOOK_S = 3.0  # how long a starting peer looks for a newer state (a record in sight past its round, or an offer)
-FORK_SYNC_S = 10.0  # how long a peer off the winning chain looks for that chain's state before looking again
 
 
 class Sync:
@@ -42,13 +40,16 @@ class Sync:
         self.cfg, self.rules, self.run_id, self.tally = cfg, rules, rules.run_id, tally
         self.stop = stop  # set when the peer leaves: a download in progress ends then (statesync.fetch)
 
-    def level(self, reason: str, force: bool = False, links: set[Link] | None = None) -> bool:
-        """Adopt the swarm's newest agreed state when it is ahead of ours (or when ``force``): replay the
-        missed rounds when that is cheaper, else download the full state. ``links``: adopt a state of that
-        chain (a fork lost to it), whatever its round. True when a state was adopted or replayed. This
-        peer's progress not yet aggregated carries over onto the adopted weights (nothing computed is
-        lost); what is lost on a fork is the losing chain's aggregated rounds since the split."""
-        if not force and links is None and self._catch_up():
+    def level(self, want: peer_core.Resync) -> bool:
+        """Carry out the peer core's ``Resync`` (protocol/peer.py: which states it may take, how long it looks):
+        adopt the swarm's newest agreed state when it is ahead of ours (or whatever its round, for a repair),
+        replaying the missed rounds when that is cheaper, else downloading the full state; with ``links``, a
+        state of that chain (a fork lost to it). True when a state was adopted or replayed. This peer's
+        progress not yet aggregated carries over onto the adopted weights (nothing computed is lost); what is
+        lost on a fork is the losing chain's aggregated rounds since the split."""
+        force, reason = want.reason.forced, want.reason.value
+        links = set(want.links) if want.links is not None else None
+        if not force and self._catch_up():
             return True
         eng = self.engine
         backup = eng.shared_state()
@@ -64,19 +65,14 @@ class Sync:
                 eng.load_shared_state(backup, keep_progress=True)
             return ok
 
-        min_round = sync_rules.lowest_round(eng.round, resync=force, fork=links is not None)
-        if force:  # a fork's winner offers its state every round; when none is found soon the view was stale
-            # (the winner merged elsewhere meanwhile) and waiting out max_wait_s only left this peer behind
-            deadline_s = min(self.cfg.max_wait_s, FORK_SYNC_S) if links is not None else self.cfg.max_wait_s
-        else:  # a start or resume: a short look, skipped in a fresh run (every start paid it, for nothing)
+        if not force:  # a start or resume: a short look, skipped in a fresh run (every start paid it, for nothing)
             me = self.transport.peer_id
             others = (m.round for p, m in self.members.members().items() if m.training and p != me)
             if not sync_rules.newer_in_sight(eng.round, others) and \
-                    not statesync.newest_offers(self.members, self.cfg, me, min_round):
+                    not statesync.newest_offers(self.members, self.cfg, me, want.lowest_round):
                 return False
-            deadline_s = JOIN_LOOK_S
         got = statesync.fetch(transport=self.transport, membership=self.members, cfg=self.cfg, run_id=self.run_id,
-                              min_round=min_round, deadline_s=deadline_s,
+                              min_round=want.lowest_round, deadline_s=want.look_s,
                               accept=accept, stats=self.tally.sync, links=links, stop=self.stop)
         if got is None:
             if force:

@@ -1209,6 +1209,65 @@ def bench_quality_cmd(
         _plot(lambda: bq.plot(results, str(plot_path), title), plot_path)
 
 
+@command("compressors", bench_app)
+def bench_compressors_cmd(
+        replicas: int = typer.Option(4, "--replicas", "-r", min=1, max=64, metavar="N", help="Replicas per row."),
+        rounds: int = typer.Option(12, "--rounds", "-n", min=1, metavar="N", help="Outer rounds per row."),
+        inner_steps: int = typer.Option(15, "--inner-steps", min=1, metavar="H", help="Inner steps per round."),
+        size: str = typer.Option("small", "--size", metavar="SIZE", help="Model size: tiny (a test), small "
+                                 "(default, ~13 min on 2 CPU cores in all), medium or large."),
+        family: Optional[list[str]] = typer.Option(None, "--family", "-f", metavar="NAME", help="Run only these "
+                                                   "families (repeatable), plus today's SparseLoCo."),
+        seed: int = typer.Option(0, "--seed", min=0, metavar="N", help="Seed of models and data."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of the table."),
+        plot_path: Optional[Path] = typer.Option(None, "--plot", metavar="FILE.png",
+                                                 help="Write a PNG of val loss vs bytes (needs matplotlib)."),
+        verbose: bool = VerboseOpt) -> None:
+    """Every compressor family side by side: bytes, loss at equal tokens, speed, whether codes can be summed."""
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from gradnode.node.bench import compressors as bc
+    from gradnode.node.bench.quality import BenchSettings
+
+    _quiet_logging(verbose)
+    if plot_path is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            _say("--plot skipped: matplotlib is not installed (pip install 'gradnode[plot]')")
+            plot_path = None
+    rows = bc.ROWS if not family else tuple(r for r in bc.ROWS if r == bc.REFERENCE or
+                                            r.settings.family.value in family)
+    settings = BenchSettings(replicas=replicas, rounds=rounds, inner_steps=inner_steps, size=size, seed=seed)
+    with _user_errors(verbose):
+        with Progress(console=ERR, transient=True) as progress:
+            tasks = {r.label: progress.add_task(r.label, total=rounds) for r in rows}
+            report = bc.run(settings, rows, on_row=lambda n, r: progress.update(tasks[n], completed=r))
+    if as_json:
+        typer.echo(json.dumps(bc.report_json(report)))
+    else:
+        console = Console() if sys.stdout.isatty() else Console(width=150)
+        first = report.rows[0]
+        table = Table(title=f"compressors: {replicas} replicas, H={inner_steps}, {rounds} rounds, "
+                            f"{first.params:,} params, {first.tokens:,} tokens each, {report.seconds:.0f} s")
+        for col in ("compressor", "lr", "bytes/param", "x fp32", "val loss", "/sparseloco", "/diloco", "/ddp",
+                    "enc GB/s", "dec GB/s", "summable"):
+            table.add_column(col, justify="left" if col == "compressor" else "right")
+        for t in bc.table(report):
+            table.add_row(t["compressor"], f"{t['outer_lr']:g}", f"{t['bytes_per_param']:.4g}",
+                          f"{t['fp32_ratio']:,.1f}", f"{t['val_loss']:.4f}", f"{t['vs_sparseloco']:.3f}",
+                          f"{t['vs_diloco']:.3f}", f"{t['vs_ddp']:.3f}", f"{t['encode_gbps']:.3g}",
+                          f"{t['decode_gbps']:.3g}", "yes" if t["summable"] else "no")
+        console.print(table)
+        best = report.best_within()
+        if best is not None:
+            console.print(f"fewest bytes within 1% of SparseLoCo's loss: {best.label} "
+                          f"({best.bytes_per_param:.4g} bytes/param, {best.fp32_ratio:,.0f}x smaller than fp32)")
+    if plot_path is not None:
+        _plot(lambda: bc.plot(report, str(plot_path)), plot_path)
+
+
 def _parse_groups(text: str) -> tuple[tuple[int, int], ...]:
     """'4:1,8:2' -> ((4, 1), (8, 2))."""
     try:

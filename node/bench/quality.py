@@ -136,7 +136,7 @@ def run_ddp(cfg: Config, s: BenchSettings, on_round: Callable[[int], None]) -> B
     model = build_model(cfg.model, cfg.run.seed).to(device)
     trainer = InnerTrainer(model, cfg.inner, schedule_steps(cfg), device)
     batches = Batches(load_corpus(cfg.data), cfg.model.seq_len, cfg.inner.batch_size, cfg.run.run_id, cfg.run.seed)
-    evaluator = _Evaluator(model, batches, trainer, s.eval_batches)
+    evaluator = Evaluator(model, batches, trainer, s.eval_batches)
     accum = cfg.inner.grad_accum
     tokens_per_step = s.replicas * accum * cfg.inner.batch_size * cfg.model.seq_len
     curve = [(0, evaluator())]
@@ -156,7 +156,7 @@ def run_ddp(cfg: Config, s: BenchSettings, on_round: Callable[[int], None]) -> B
                        time.perf_counter() - t0, params, curve)
 
 
-class _Evaluator:
+class Evaluator:
     """Validation loss of a bare model on the same batches Engine.evaluate uses."""
 
     def __init__(self, model: torch.nn.Module, batches: Batches, trainer: InnerTrainer, n: int) -> None:

@@ -78,7 +78,12 @@ class SparseLoCoCompressor(Compressor):
         params = self.settings.params
         sizes = section_sizes(shape, params, dict(code.meta))
         sections = [from_bytes(s, torch.uint8, "") for s in code.sections]
-        return decode_tensor(shape, params, dict(code.meta), sizes, sections, torch.device("cpu"))[0]
+        index, values, _, _ = decode_tensor(shape, params, dict(code.meta), sizes, sections, torch.device("cpu"))
+        if index is None:  # every position was sent
+            return values.reshape(shape)
+        dense = torch.zeros(math.prod(shape), dtype=torch.float32)
+        dense[index] = values
+        return dense.reshape(shape)
 
 
 # ---------------------------------------------------------------- random-k

@@ -19,6 +19,17 @@ from gradnode.protocol.params import CodecParams
 from gradnode.protocol.wire import encode_with_reconstruction
 
 
+def fold(buffers: MutableMapping[str, Tensor], name: str, d: Tensor, beta: float) -> Tensor:
+    """e <- beta * e + d for the fp32 buffer ``name`` (made of zeros on first use); the buffer. One of another
+    shape or dtype is a caller's bug, never carried on: ProtocolError."""
+    e = buffers.get(name)
+    if e is None:
+        e = buffers[name] = torch.zeros(d.shape, dtype=torch.float32, device=d.device)
+    elif e.shape != d.shape or e.dtype != torch.float32:
+        raise ProtocolError(f"{name}: error buffer must be fp32 of shape {tuple(d.shape)}")
+    return e.mul_(beta).add_(d.to(e.dtype))
+
+
 def compress_with_feedback(buffers: MutableMapping[str, Tensor], delta: Mapping[str, Tensor], beta: float,
                            params: CodecParams = CodecParams(), **meta: object) -> bytes:
     """Fold delta into the fp32 error buffers (created on first use), encode them, subtract what was sent.
@@ -30,12 +41,7 @@ def compress_with_feedback(buffers: MutableMapping[str, Tensor], delta: Mapping[
     if set(buffers) - set(delta):
         raise ProtocolError("error buffers hold tensors missing from delta")
     for name, d in delta.items():
-        e = buffers.get(name)
-        if e is None:
-            e = buffers[name] = torch.zeros(d.shape, dtype=torch.float32, device=d.device)
-        elif e.shape != d.shape or e.dtype != torch.float32:
-            raise ProtocolError(f"{name}: error buffer must be fp32 of shape {tuple(d.shape)}")
-        e.mul_(beta).add_(d.to(e.dtype))
+        fold(buffers, name, d, beta)
     data, encoded = encode_with_reconstruction(buffers, params=params, **meta)  # type: ignore[arg-type]
     for name, enc in encoded.items():
         flat = buffers[name].view(-1)

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from gradnode.protocol.errors import ProtocolError
+from gradnode.protocol.feedback import fold
 
 MAX_NUMEL = 1 << 28  # the wire's default bound on one tensor's values
 MAX_SECTIONS = 8
@@ -247,13 +248,7 @@ class Compressor(ABC):
             raise ProtocolError(f"error-feedback beta must be in [0, 1], got {beta}")
         codes = {}
         for name in sorted(delta):
-            d = delta[name]
-            e = buffers.get(name)
-            if e is None:
-                e = buffers[name] = torch.zeros(d.shape, dtype=torch.float32, device=d.device)
-            elif e.shape != d.shape or e.dtype != torch.float32:
-                raise ProtocolError(f"{name}: error buffer must be fp32 of shape {tuple(d.shape)}")
-            e.mul_(beta).add_(d.to(e.dtype))
+            e = fold(buffers, name, delta[name], beta)
             codes[name], sent = self.encode_exact(name, e, round)
             e.sub_(sent.to(e.device))
         return codes

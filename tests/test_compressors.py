@@ -4,6 +4,7 @@ summing without decoding, and strict decoding of hostile codes (hypothesis fuzz 
 from __future__ import annotations
 
 import math
+import struct
 
 import pytest
 import torch
@@ -333,6 +334,17 @@ def test_hostile_codes_raise_protocol_error_only(s, data):
         _decode_or_reject(c, name, data.draw(st.sampled_from([None, b"", "code", 3, (b"",)])))
         sections = [bytearray(x) for x in sections]  # not bytes
     _decode_or_reject(c, name, Code(meta, tuple(sections)))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("s", [Quant(bits=8, chunk=64), Quant(bits=4, chunk=64)], ids=["int8", "int4"])
+def test_a_finite_scale_whose_values_overflow_is_rejected(s) -> None:
+    """The fuzz test found it: flipped exponent bits made a chunk's scale about 3e38, a finite fp32, and the
+    chunk's largest code times it decoded to inf."""
+    code = _valid(s, "v")
+    scales = bytearray(code.sections[0])
+    scales[0:4] = struct.pack("<f", 3.0e38)
+    with pytest.raises(ProtocolError, match="NaN or Inf"):
+        compressor(s).decode("v", FUZZ_SHAPES["v"], 1, Code(code.meta, (bytes(scales), *code.sections[1:])))
 
 
 @pytest.mark.parametrize("s,section,patch", [

@@ -193,7 +193,10 @@ class Compressor(ABC):
                 raise ProtocolError(f"{name}: section {i} must be {n} bytes")
         if self.is_dense(shape, round):
             return from_bytes(code.sections[0], torch.float32, f"{name}: dense values").reshape(shape)
-        return self._decode(name, shape, round, code).reshape(shape)
+        out = self._decode(name, shape, round, code)
+        if not bool(torch.isfinite(out).all()):  # finite parts can overflow: a scale near fp32's max times 127
+            raise ProtocolError(f"{name}: decodes to NaN or Inf values")
+        return out.reshape(shape)
 
     def lengths(self, name: str, shape: Shape, round: int, code: Any) -> tuple[int, ...]:
         """Section lengths of code, after checking its header; ProtocolError if the header is wrong."""

@@ -991,6 +991,10 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=4096, 
                                                                  "model."),
                  round_s: float = typer.Option(2.0, "--round-s", min=0.01, metavar="SECONDS",
                                                help="--virtual: a median peer's inner steps of one round."),
+                 committee: Optional[str] = typer.Option(None, "--committee", metavar="K,W,J",
+                                                         help="--virtual: draw K contributors, W witnesses and J "
+                                                              "newcomer slots a round (protocol/committee.py) "
+                                                              "instead of all-to-all."),
                  verbose: bool = VerboseOpt) -> None:
     """Start a bootstrap and N peers as processes on this machine, show them live, print a summary."""
     import shutil
@@ -1004,8 +1008,11 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=4096, 
         return
     if virtual:
         _simulate_virtual(peers, rounds, seed or 0, config, set_ or [], faults_spec, late_records, as_json,
-                          model_params, round_s)
+                          model_params, round_s, committee)
         return
+    if committee is not None:
+        typer.echo("error: --committee: --virtual only (the node does not draw committees yet)", err=True)
+        raise typer.Exit(2)
     if peers > 64:
         typer.echo("error: --peers: at most 64 processes on one machine (--virtual runs more)", err=True)
         raise typer.Exit(2)
@@ -1050,11 +1057,13 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=4096, 
 
 def _simulate_virtual(peers: int, rounds: int, seed: int, config: Optional[Path], overrides: list[str],
                       faults_spec: Optional[str], late: float, as_json: bool, model_params: Optional[int],
-                      round_s: float) -> None:
+                      round_s: float, committee: Optional[str] = None) -> None:
     from gradnode.node.sim import scenario, virtual
 
     try:
         faults = virtual.parse_faults(faults_spec, peers)
+        if committee is not None:
+            faults["committee"] = virtual.parse_committee(committee)
     except ValueError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None

@@ -38,11 +38,13 @@ from __future__ import annotations
 
 import enum
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Iterable, Mapping, Union
 
+from gradnode.protocol import committee as committee_rule
 from gradnode.protocol import witness as witness_rule
-from gradnode.protocol.records import pack
+from gradnode.protocol.records import pack, unpack
 
 POLL_S = 0.2  # the shell's poll of the DHT while deciding: a grace period ends one poll late at most
 ASK_S = 5.0  # the longest an ask of the missing witnesses waits (a window, if shorter)
@@ -251,6 +253,7 @@ class HowDecided(enum.Enum):
     PASSED_BY = "passed by"
     ALL_LEFT = "all left"
     MAX_WAIT = "max wait"
+    SETTLED = "settled"  # a drawn committee's set that the reports still missing cannot change
 
 
 @dataclass(frozen=True)
@@ -299,7 +302,10 @@ class RoundCore:
     when deciding starts); ``sender``: this peer sent an update (it counts itself among the live trainers;
     else it observes); ``witness``: it reports (None: as ``sender``; False for a sender that reported on the
     round before a restart: a report is final); ``base``: the state hash the previous round agreed on, which
-    this round builds on (only reports on it count)."""
+    this round builds on (only reports on it count); ``committee``: the round's drawn committee
+    (protocol/committee.py; None: everyone contributes). With one, only the drawn contributors and the
+    admitted newcomers are in the round: the core takes no other announcement, waits for no other trainer,
+    and reports no other update, and the shell fetches only what ``admits``."""
 
     params: Params
     round_: int
@@ -328,6 +334,9 @@ class RoundCore:
     leaving: bool = False  # this peer announced its departure (stop_reporting)
     decided: Decided | None = None
     witness: bool | None = None
+    committee: committee_rule.Committee | None = None
+    newcomers: dict[str, float] = field(default_factory=dict)  # newcomers seen -> first sighting (committee)
+    _ranking: committee_rule.Ranking | None = field(default=None, repr=False, compare=False)
     # the witness rule (protocol/witness.py); the simulator passes one that remembers its counts, as every peer of
     # a round counts the same reports
     witnessed: Callable[[Iterable[bytes]], bytes] = field(default=witness_rule.witnessed, repr=False, compare=False)
@@ -387,13 +396,37 @@ class RoundCore:
             out.append(Wake(wake))
         return out
 
+    def admits(self, sender: str) -> bool:
+        """Whether ``sender``'s update is in this round (the shell fetches it): always without a committee;
+        with one, a drawn contributor, or a newcomer ranked among the admitted by the announcements so far."""
+        return self.committee is None or sender in self.first_seen
+
+    def _announced(self, sender: str, first_seen: float) -> None:
+        c = self.committee
+        if c is None or sender in c.contributors:
+            self.first_seen.setdefault(sender, first_seen)
+        elif c.sends(sender) and sender not in self.newcomers:
+            # a newcomer: the lowest tickets of those seen so far are in, and one that a lower ticket displaced
+            # is out again (ranked on the base: unknown while it computed, so no key is made to win it)
+            if self._ranking is None:
+                self._ranking = committee_rule.Ranking(c, self.base)
+            self.newcomers[sender] = first_seen
+            admitted, displaced = self._ranking.add(sender)
+            if admitted:
+                self.first_seen.setdefault(sender, first_seen)
+            if displaced is not None:
+                self.first_seen.pop(displaced, None)
+
     def _absorb(self, event: Event) -> list[Action]:
         if isinstance(event, Announced):
-            self.first_seen.setdefault(event.sender, event.first_seen)
+            self._announced(event.sender, event.first_seen)
         elif isinstance(event, FetchStarted):
-            if event.sender not in self.verified:
+            if event.sender not in self.verified and self.admits(event.sender):
                 self.fetching.add(event.sender)
         elif isinstance(event, Verified):
+            if not self.admits(event.sender):  # out of the round (undrawn, or a newcomer displaced)
+                self.fetching.discard(event.sender)
+                return []
             self.verified[event.sender] = event.digest
             self.fetching.discard(event.sender)
         elif isinstance(event, FetchEnded):
@@ -409,8 +442,9 @@ class RoundCore:
 
     def own_update(self, now: float, digest: str) -> list[Action]:
         """This peer announced (and verified) its own update."""
-        self.first_seen.setdefault(self.me, now)
-        self.verified[self.me] = digest
+        self._announced(self.me, now)
+        if self.admits(self.me):
+            self.verified[self.me] = digest
         return self.step(Tick(now))
 
     def _seen(self, r: Report) -> list[Action]:
@@ -438,9 +472,10 @@ class RoundCore:
     def _state(self) -> tuple:
         """What the live trainers, the deadline, the abstainers and the counted reports are computed from: the view
         (the same object until a Members event replaces it), the sizes of what only grows, or shrinks with a ban,
-        and this peer's own report (the shell replaces it with the one it published, or drops it: agreement.report)."""
-        return self.view, len(self.first_seen), len(self.verified), len(self.reports), len(self.banned), \
-            self.reports.get(self.me)
+        the newcomers seen (one newcomer can displace another: the same count of sightings, other keys), and this
+        peer's own report (the shell replaces it with the one it published, or drops it: agreement.report)."""
+        return self.view, len(self.first_seen), len(self.newcomers), len(self.verified), len(self.reports), \
+            len(self.banned), self.reports.get(self.me)
 
     def _live(self) -> tuple[frozenset[str], frozenset[str]]:
         """The trainers the round waits for, and those of them that anchor the deadline: not those two or more
@@ -455,7 +490,10 @@ class RoundCore:
         gone_past = frozenset(view.ahead).difference(self.first_seen)
         trainers = frozenset(view.trainers) - gone_past
         live = frozenset(view.counted) - gone_past
-        if self.sender:
+        if self.committee is not None and self.committee.pool:  # the drawn and the admitted newcomers only
+            expected = self.committee.contributors | self.first_seen.keys()
+            trainers, live = trainers & expected, live & expected
+        if self.sender and self.admits(self.me):
             live |= {self.me}
         if not live <= self.verified.keys():
             sitting_out = self._abstaining()
@@ -473,7 +511,10 @@ class RoundCore:
         return self._remembered("deadline", self._deadline_now)
 
     def _deadline_now(self) -> float | None:
-        deadline = deadline_from(self.first_seen, len(self._live()[1]), self.window)
+        # a newcomer left out still announced: the round's pace is every sighting's (a run's first rounds, all
+        # newcomers, would never see half their trainers among the admitted few)
+        seen = {**self.newcomers, **self.first_seen} if self.newcomers else self.first_seen
+        deadline = deadline_from(seen, len(self._live()[1]), self.window)
         if self.view.fresh and self.first_seen:
             # before anyone contributed every 'training' record counts toward the anchor, and a record costs
             # nothing to make: keys that never announce would hold the run's first round open until max_wait_s.
@@ -498,7 +539,8 @@ class RoundCore:
         everyone = live <= self.verified.keys() and trainers <= live
         moved_on = not self.fetching and self.majority_reported(live)
         if self.awaited is None and deadline is not None and now >= deadline:
-            self.awaited = frozenset(s for s in self.first_seen if not self.eligible or s in self.eligible)
+            self.awaited = frozenset(s for s in self.first_seen if self.committee is not None or not self.eligible
+                                     or s in self.eligible)
             self.finish_by = now + self.window
         fetched = self.awaited is not None and not (self.awaited & self.fetching)
         if everyone or moved_on or fetched:
@@ -515,7 +557,7 @@ class RoundCore:
                 ({self.me} if self.witness else frozenset())
         if not self.witness:
             return []
-        pairs = tuple(sorted((s, d) for s, d in self.verified.items() if s not in self.doubted))
+        pairs = tuple(sorted((s, d) for s, d in self.verified.items() if s not in self.doubted and self.admits(s)))
         fps = pack(pairs)
         self.reports.setdefault(self.me, Report(self.me, self.base, fps, digest=fps))
         return [PublishReport(pairs)]
@@ -532,7 +574,16 @@ class RoundCore:
     def _counted(self) -> list[Report]:
         return self._remembered("counted", self._counted_now, self.live_fallback, self.eligible)
 
+    def _drawn(self) -> bool:
+        """A drawn committee names this round's witnesses (a pool to draw from: not a run's first rounds)."""
+        return self.committee is not None and bool(self.committee.pool)
+
     def _counted_now(self) -> list[Report]:
+        if self._drawn():  # a strict majority of the drawn witnesses, or nothing: a side of a split that holds
+            # fewer decides nothing (two peers of one side counting two and three of its three reports applied
+            # two sets of one round), and no other key's report stands in for theirs
+            got = [r for w, r in sorted(self.reports.items()) if w in self.eligible and not r.abstain]
+            return got if 2 * len(got) > len(self.committee.witnesses) else []
         if self.no_ledger:  # every report on this chain: no ledger says who may witness (the view differs by what
             # records reached each peer), and a key that reports could as well publish a 'training' record
             return [r for _, r in sorted(self.reports.items()) if not r.abstain]
@@ -555,7 +606,44 @@ class RoundCore:
         """How long the missing eligible witnesses are waited for, from this peer's report on."""
         return self.reported_at + max(self.params.commit_grace_s, self.window) + POLL_S
 
+    def _settled(self) -> bool:
+        """A drawn committee's set can no longer change: every update that a strict majority of its witnesses
+        lists is in, and every other one could not reach that count with all the reports still missing. A
+        settled set is also what a strict majority of the counted reports lists (``count``): an update below
+        the committee's majority with the missing reports added is below the counted reports' majority too."""
+        return self._remembered("settled", self._settled_now)
+
+    def _settled_now(self) -> bool:
+        counted = self._counted()
+        if not counted:  # fewer than a majority of the witnesses' reports
+            return False
+        witnesses = self.committee.witnesses
+        need = witness_rule.quorum(len(witnesses))
+        missing = len(witnesses) - sum(1 for w in self.reports if w in witnesses)
+        counts = Counter(fp for r in counted for fp in set(unpack(r.fps)))
+        return all(n >= need or n + missing < need for n in counts.values())
+
+    def _decide_drawn(self, now: float) -> list[Action]:
+        """A drawn committee's round is decided once its set is settled, whatever the missing witnesses report:
+        two peers that count different reports then still apply one set (a peer that counted a majority of the
+        reports early applied another set than one that counted them all, in a split that healed). Past the
+        grace period the missing witnesses are asked again every window. An unsettled set never stands: with
+        ``max_wait_s`` as the end, two peers of a healed split counted ten and twelve reports of one round and
+        applied two sets. The peer waits, or its peer core re-syncs it once the others are ahead."""
+        waiting = set(self.eligible) - set(self.reports) - {self.me}
+        if self._settled():
+            return self._end(HowDecided.ALL_REPORTED if not waiting else HowDecided.SETTLED)
+        grace_end = self._grace_end()
+        if not self._counted() and self.leaving and now >= grace_end and not set(self.view.live) - {self.me}:
+            return self._end(HowDecided.ALL_LEFT)
+        if now >= grace_end and now - self.asked_at >= self.window and waiting:
+            self.asked_at = now
+            return [AskWitnesses(tuple(sorted(waiting)), min(self.window, ASK_S))]
+        return []
+
     def _decide(self, now: float) -> list[Action]:
+        if self._drawn():
+            return self._decide_drawn(now)
         grace_end = self._grace_end()
         max_wait_end = self.reported_at + self.params.max_wait_s
         counted = self._counted()
@@ -600,7 +688,7 @@ class RoundCore:
         out: list[Action] = []
         for r in got:
             out += self._seen(r)
-        if self.phase is Phase.DECIDING and self._counted():
+        if self.phase is Phase.DECIDING and self._counted() and not self._drawn():
             return out + self._end(HowDecided.ASKED)
         return out + self.step(Tick(now))
 

@@ -8,12 +8,9 @@ replacement, which overstates the chance of a draw without replacement from a fi
 from __future__ import annotations
 
 import argparse
-from math import comb, expm1, log1p
+from math import expm1, log1p
 
-
-def at_least(w: int, k: int, p: float) -> float:
-    """P(X >= k) for X ~ Binomial(w, p)."""
-    return sum(comb(w, i) * p**i * (1 - p) ** (w - i) for i in range(k, w + 1))
+from gradnode.protocol.committee import at_least
 
 
 def main() -> None:

@@ -626,7 +626,7 @@ def test_a_peer_off_the_majority_looks_for_the_chain_the_others_follow_not_its_o
     p.hashes = {-1: "genesis", **dict(chains["A"])}
     for q, name in (("p0001", "A"), ("p0002", "B"), ("p0003", "B"), ("p0004", "B")):
         tail = chains[name]
-        p.records[q] = (0.0, tail, (tail, {-1: "genesis", **dict(tail)}, {0: b"", 1: b""}, {}, Reputation()), 2.0)
+        p.records[q] = (0.0, tail, (tail, {-1: "genesis", **dict(tail)}, {0: b"", 1: b""}, {}, Reputation(), {}), 2.0)
     sim.clogged = {frozenset(("p0000", q)) for q in ("p0002", "p0003", "p0004")}
     sim._resync(p, 1, _repair(p))
     assert p.hashes[1] == "a1" and sim.no_offer == 1  # B's offers out of reach: it looks again later
@@ -653,7 +653,7 @@ def test_a_donor_is_known_by_its_record_only_and_one_out_of_reach_costs_a_timeou
         sim = virtual.Simulation(virtual.Scenario(peers=4, rounds=4, seed=0))
         p = sim.peers["p0000"]
         for q, tail in (("p0001", new), ("p0002", new), ("p0003", old)):
-            state = (tail, {-1: "genesis", **dict(tail)}, {k: b"" for k, _ in tail}, {}, Reputation())
+            state = (tail, {-1: "genesis", **dict(tail)}, {k: b"" for k, _ in tail}, {}, Reputation(), {})
             p.records[q] = (0.0, tail, state, 2.0)
         return sim, p
 
@@ -716,7 +716,7 @@ def test_the_simulators_hash_check_is_the_nodes_allies_count_and_a_mismatch_take
     p.hashes.update({0: "b0", 1: "x1"})
     old = ((0, "b0"),)
     for q in ("p0001", "p0002", "p0003"):
-        p.records[q] = (0.0, old, (old, {-1: "genesis", 0: "b0"}, {0: b""}, {}, Reputation()), 2.0)
+        p.records[q] = (0.0, old, (old, {-1: "genesis", 0: "b0"}, {0: b""}, {}, Reputation(), {}), 2.0)
     sim._resync(p, 1, _repair(p))
     assert p.resyncs == 0 and sim.no_offer == 1  # it reads the offers again until round 1's state is offered
     sim._resync(p, 1, _fork(sim, p, ("p0001", "p0002", "p0003")))

@@ -94,6 +94,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, NamedTuple
 
 from gradnode.node.sim import sizes, traffic
+from gradnode.protocol import committee
 from gradnode.protocol import chain
 from gradnode.protocol import peer as peer_core
 from gradnode.protocol import round as core
@@ -156,6 +157,9 @@ class Scenario:
     partition: tuple[tuple[int, ...], ...] = ()
     partition_at: int = 0
     heal_at: int = -1
+    # or the split heals this many virtual seconds after it fell (-1: at ``heal_at``): a swarm that a split stops
+    # (a drawn committee's round waits for a majority of its witnesses) never reaches the round that would heal it
+    heal_after_s: float = -1.0
     record_ttl_s: float = 30.0  # a member record unseen this long is gone (swarm.record_ttl_s)
     slow: tuple[tuple[int, float], ...] = ()  # (peer index, factor): stragglers, every step that much slower
     inner_steps: int = 8  # a round's inner steps (inner.steps), cut short at the round's cut time
@@ -219,6 +223,9 @@ class Scenario:
     min_peers: int = 1
     dht_read_s: float = 0.1  # one DHT read's seconds: a poll loop's period is its wait plus its reads
     busy_s: float = 0.0  # a peer's seconds a round outside its inner steps and its waits (applying, checkpoints)
+    # a drawn committee a round (protocol/committee.py): (contributors, witnesses, newcomers); () none, everyone
+    # contributes. Its witnesses are the round's eligible ones, whatever ``eligible`` says
+    committee: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for index, kind in self.liars:
@@ -245,6 +252,9 @@ class Scenario:
             raise ValueError(f"starts: peers 0..{self.peers - 1} that do not join later, each after >= 0 s")
         if not 1 <= self.min_steps <= self.inner_steps:
             raise ValueError(f"min_steps {self.min_steps}: 1..inner_steps ({self.inner_steps})")
+        if self.committee and len(self.committee) != 3:
+            raise ValueError(f"committee {self.committee}: (contributors, witnesses, newcomers)")
+        committee.Budget(*self.committee)  # its own checks
         cut = [i for g in self.partition for i in g]
         if self.partition and (len(self.partition) < 2 or len(set(cut)) != len(cut)
                                or not all(0 <= i < self.peers for i in cut)):
@@ -304,6 +314,8 @@ class VPeer:
     steps: dict[int, int] = field(default_factory=dict)  # round -> inner steps it ran for it
     abstained: set[int] = field(default_factory=set)  # rounds it sat out (too slow for their deadline)
     ledger: dict[str, int] = field(default_factory=dict)  # contributors: sender -> last round applied (shared state)
+    pools: dict[int, frozenset[str]] = field(default_factory=dict)  # round -> its ledger's keys (shared state)
+    rankings: dict[int, committee.Ranking] = field(default_factory=dict)  # round -> the newcomers it fetches
     workers: dict[str, int] = field(default_factory=dict)  # sender -> newest round it verified and screened (memory)
     voters: frozenset[str] | None = None  # whose votes count (Simulation._revote); None: everyone's
     senders: frozenset[str] = frozenset()  # the senders of the last round it applied (whose records set the pace)
@@ -346,6 +358,8 @@ class Simulation:
         self.holding_writers: dict[int, int] = defaultdict(int)  # round -> peers that listed what they hold
         self.sources = random.Random(f"{sc.seed}/sources")  # which holder a fetcher turns to
         self.blob_cap = max(1, BLOB_BUDGET // max(1, sc.update_bytes))  # updates a peer's blob store holds
+        self.budget = committee.Budget(*sc.committee)
+        self._drawn: dict[tuple[int, str, frozenset[str]], committee.Committee | None] = {}  # one draw per state
         self.now, self.events, self._seq = 0.0, 0, 0
         self._heap: list[tuple[float, int, Callable[..., None], tuple]] = []  # (time, seq, fn, args)
         self.decided: dict[tuple[int, str, int], bytes] = {}  # (round, chain, side) -> the first set applied on it
@@ -370,6 +384,7 @@ class Simulation:
         self.per_round: dict[int, dict[str, int]] = defaultdict(lambda: {"applied": 0, "violations": 0, "resyncs": 0})
         self.group: dict[str, int] | None = None  # peer -> its side while the network is split
         self.healed = False
+        self.healed_round = -1  # the newest round any peer opened when a timed heal (``heal_after_s``) came
         self.clogged: set[frozenset[str]] = set()
         # a clogged link's deliveries: (reader, writer, deliver), posted again when it unclogs
         self.held: dict[frozenset[str], list[tuple[VPeer, VPeer, Callable[[VPeer, float], None]]]] = defaultdict(list)
@@ -566,15 +581,22 @@ class Simulation:
             self._post(q, self.now + self._delay(src.id, q.id), src, deliver)
 
     def _split_or_heal(self, r: int) -> None:
-        """The split falls at the first announcement of round ``partition_at`` and heals at the first of ``heal_at``."""
+        """The split falls at the first announcement of round ``partition_at`` and heals at the first of ``heal_at``
+        (or ``heal_after_s`` after it fell)."""
         if self.sc.partition and self.group is None and not self.healed and r >= self.sc.partition_at:
             self.group = {f"p{i:04d}": n for n, g in enumerate(self.sc.partition) for i in g}
             others = [i for i in range(self.sc.peers) if f"p{i:04d}" not in self.group]
             self.group.update({f"p{i:04d}": 0 for i in others})  # peers in no group stay with the first
+            if self.sc.heal_after_s >= 0:
+                self.at(self.now + self.sc.heal_after_s, self._heal)
         elif self.group is not None and 0 <= self.sc.heal_at <= r:
             self.group, self.healed = None, True
         if 0 <= self.sc.swizzle_at <= r and not self.swizzled:
             self._swizzle()
+
+    def _heal(self) -> None:
+        self.group, self.healed = None, True
+        self.healed_round = max((p.newest for p in self.peers.values()), default=0)
 
     def _publish_record(self, p: VPeer, hashes: tuple[tuple[int, str], ...] = ()) -> None:
         """Its member record (its chain's tail) and its state offer reach the others, with its weight reports of
@@ -587,7 +609,7 @@ class Simulation:
             tail += ((far, chain_[far]),)
             self.fakes.add(tail[-1])
         if p.offer is None or p.offer[0] != tail:
-            p.offer = (tail, chain_, dict(p.applied), dict(p.ledger), p.reputation)
+            p.offer = (tail, chain_, dict(p.applied), dict(p.ledger), p.reputation, dict(p.pools))
         record = (tail, p.offer, PACE_LIE_S if p.lie == "stretch" else p.step_s * self.sc.inner_steps)
         self._read_members(p)
         p.records[p.id] = (self.now, *record)
@@ -661,7 +683,7 @@ class Simulation:
         ahead of its own (Peer start-up: Sync.level), and trains on from there."""
         p.alive, p.done, p.gen, p.incarnation = True, False, p.gen + 1, p.incarnation + 1
         if fresh:
-            p.hashes, p.applied, p.ledger, p.reputation = {-1: "genesis"}, {}, {}, Reputation()
+            p.hashes, p.applied, p.ledger, p.reputation, p.pools = {-1: "genesis"}, {}, {}, Reputation(), {}
         p.senders, p.step_s, p.told, p.workers = frozenset(), 0.0, {}, {}  # in memory only (its step time: anew)
         p.records, p.cores, p.newest, p.offer, p.held, p.views = {}, {}, -1, None, p.held + 1, {}
         p.records_of, p.announcers_of, p.weights = defaultdict(list), defaultdict(dict), defaultdict(dict)
@@ -685,7 +707,7 @@ class Simulation:
         if offer is None and dead:  # its look found only donors out of reach: on from its own state
             p.busy_until = self.now + want.look_s
         if offer is not None:
-            tail, hashes, applied, ledger, p.reputation = offer
+            tail, hashes, applied, ledger, p.reputation, pools = offer
             self.made_up += tail[-1] in self.fakes and not p.lie
             start = tail[-1][0] + 1
             # replay the missed rounds (their updates, fetched from any holder) or download the state: a peer
@@ -697,6 +719,7 @@ class Simulation:
                                                 replay_bytes=missed, state_bytes=self.sc.state_bytes) \
                 if on_chain else sync_rules.CatchUp.DOWNLOAD
             p.hashes, p.applied, p.ledger, p.senders = dict(hashes), dict(applied), dict(ledger), frozenset()
+            p.pools = dict(pools)
             self._revote(p)
             p.busy_until = self.now + _download_s(dead, want.look_s) + \
                 self._transfer_s(None, p.id, missed if how is sync_rules.CatchUp.REPLAY else self.sc.state_bytes)
@@ -958,6 +981,12 @@ class Simulation:
         self._churn(r)
         if not p.alive:  # its own churn event killed it
             return
+        drawn = self._committee(p, r)
+        if drawn is not None and not drawn.sends(p.id):  # not drawn: its work waits in its error feedback
+            self._read_while_computing(p, r)
+            self._open(p, r, sender=False)
+            self._compute(p, r + 1)
+            return
         digest = _digest(p.id, r, p.hashes[r - 1])
         # a digest names one content: a round announced again on the same chain (after a re-sync) is the same
         # update to every reader, as its first announcement was
@@ -974,6 +1003,9 @@ class Simulation:
             age = min(max(0.0, (now + off[q.id]) - stamped), 600.0)
             if r >= q.newest - 2:
                 q.announcers_of[r].setdefault(p.id, now - age)
+            if not self._fetches(q, r, p):  # out of q's committee round: read, never fetched
+                deliver(q, r, core.Announced(now, p.id, now - age))
+                return
             # q's poll (now: its time) starts the fetch; a later poll takes it once it ended (exchange.py's reap)
             deliver(q, r, core.Announced(now, p.id, now - age), core.FetchStarted(self.now, p.id))
             end, via = fetch(p, q, r, digest)
@@ -1032,8 +1064,11 @@ class Simulation:
         # the node's rule ('ledger'): the contributors of the last WITNESS_WINDOW rounds; 'live': the live
         # trainers when deciding starts (docs/notes/swarm.md, "Not done": the two differ in the simulator's results)
         eligible = frozenset(eligible_witnesses(p.ledger, r)) if self.sc.eligible == "ledger" else frozenset()
+        drawn, witness = self._committee(p, r), None
+        if drawn is not None and drawn.pool:  # its drawn witnesses, and none of the others
+            eligible, witness = drawn.witnesses, p.id in drawn.witnesses
         c = core.RoundCore(self.sc.params, r, p.id, eligible, sender, p.hashes[r - 1], self._pace(p), self.now,
-                           witnessed=self._witnessed)
+                           witness=witness, committee=drawn, witnessed=self._witnessed)
         p.cores[r] = c
         p.newest = max(p.newest, r)
         self._act(p, c, c.step(core.Members(self.now, self._view(p, r))))
@@ -1051,6 +1086,31 @@ class Simulation:
         for old in [k for k in p.views if k < r - 2]:
             del p.views[old]
         return c
+
+    def _committee(self, p: VPeer, r: int) -> committee.Committee | None:
+        """Round r's committee as p draws it: from the state after round r - LAG, its hash and its pool."""
+        if not self.budget.drawn:
+            return None
+        k = r - committee.LAG
+        key = (r, p.hashes.get(k, "genesis"), p.pools.get(k, frozenset()))
+        got = self._drawn.get(key)
+        if got is None:
+            got = self._drawn[key] = committee.draw(self.budget, r, key[1], key[2])
+        return got
+
+    def _fetches(self, q: VPeer, r: int, p: VPeer) -> bool:
+        """Whether q fetches p's update of round r: always without a committee; with one, a drawn contributor's,
+        or a newcomer's ranked among the admitted so far (``committee.Ranking``, on the base p announced on)."""
+        drawn = self._committee(q, r)
+        if drawn is None or p.id in drawn.contributors:
+            return True
+        if p.id in drawn.pool:
+            return False
+        ranking = q.rankings.get(r)
+        if ranking is None:
+            q.rankings = {k: v for k, v in q.rankings.items() if k >= r - 2}
+            ranking = q.rankings[r] = committee.Ranking(drawn, p.hashes.get(r - 1, "genesis"))
+        return ranking.add(p.id)[0]
 
     def _announced(self, p: VPeer, r: int) -> dict[str, float]:
         """Who announced round r in p's sight, first seen when: its core's sightings and the records it holds."""
@@ -1184,6 +1244,9 @@ class Simulation:
         p.counted[r] = self._aggregate(p, r, c.base, fps, pairs)
         # contributors: the senders whose updates counted (the robust rule gives a screened-out one weight 0)
         p.ledger = {q: k for q, k in {**p.ledger, **dict.fromkeys(p.counted[r], r)}.items() if k > r - CONTRIBUTOR_ROUNDS}
+        if self.budget.drawn:  # the pool the committee of round r + LAG is drawn from
+            p.pools = {k: v for k, v in p.pools.items() if k > r - 2 * committee.LAG}
+            p.pools[r] = frozenset(p.ledger)
         p.hashes[r] = hashlib.sha256(p.hashes[r - 1].encode() + fps).hexdigest()[:16]
         self._revote(p)
         # one chain per side while the network is split: both sides train on, by design (the heal merges them
@@ -1413,7 +1476,7 @@ class Simulation:
     def _adopt(self, p: VPeer, r: int, offer: Any, lost: float = 0.0) -> None:
         """p downloads ``offer`` (``lost`` seconds to donors out of reach first) and runs on from it (its rounds
         after the offer's are computed again)."""
-        tail, hashes, applied, ledger, p.reputation = offer
+        tail, hashes, applied, ledger, p.reputation, pools = offer
         newest = tail[-1][0]
         self.made_up += tail[-1] in self.fakes and not p.lie
         p.resyncs += 1
@@ -1427,7 +1490,7 @@ class Simulation:
         p.traffic.state_bytes_down += self.sc.state_bytes
         p.hashes = {k: h for k, h in hashes.items() if k <= newest}
         p.applied = {k: f for k, f in applied.items() if k <= newest}
-        p.ledger, p.senders = dict(ledger), frozenset()
+        p.ledger, p.senders, p.pools = dict(ledger), frozenset(), {k: v for k, v in pools.items() if k <= newest}
         self._revote(p)
         p.waiting, p.computed = None, -1
         p.core.step(peer_core.StateAdopted(self.now, newest))
@@ -1469,8 +1532,9 @@ class Simulation:
         # liveness: how many rounds past a split's round the last of its peers re-synced onto the majority, or
         # with a partition, past the heal (None: the run ended on more than one hash)
         converged = max(self.repairs, default=0) if len(final) == 1 and not self.stalled else None
-        if converged is not None and self.sc.partition and self.sc.heal_at >= 0:  # rounds from the heal on
-            converged = max([a - self.sc.heal_at for a in self.adopted] + [0])
+        if converged is not None and self.sc.partition and (self.sc.heal_at >= 0 or self.sc.heal_after_s >= 0):
+            healed = self.sc.heal_at if self.sc.heal_after_s < 0 else self.healed_round
+            converged = max([a - healed for a in self.adopted] + [0])
         if converged is not None and self.swizzled:  # rounds from the last link's unclogging on
             converged = max([a - self.unclog_round for a in self.adopted] + [0]) if self.unclog_round >= 0 else None
         return {"seed": self.sc.seed, "peers": self.sc.peers, "rounds": self.sc.rounds,
@@ -1583,6 +1647,18 @@ def parse_faults(spec: str | None, peers: int) -> dict[str, Any]:
     if life:
         out["life"] = tuple(life)
     return out
+
+
+def parse_committee(spec: str) -> tuple[int, int, int]:
+    """``K,W,J``: a round's drawn contributors, witnesses and newcomer slots (protocol/committee.py)."""
+    try:
+        k, w, j = (int(x) for x in spec.split(","))
+        committee.Budget(k, w, j)
+    except ValueError:
+        raise ValueError(f"--committee {spec!r}: K,W,J, three counts >= 0 with K and W both above 0") from None
+    if k == 0:
+        raise ValueError(f"--committee {spec!r}: K and W above 0")
+    return k, w, j
 
 
 def parse_liars(spec: str | None, peers: int) -> tuple[tuple[int, str], ...]:

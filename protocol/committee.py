@@ -1,0 +1,154 @@
+"""A round's committee: the few peers that contribute to a round and the few that witness it.
+
+With a committee, a peer's cost per round is set by the run's budget, not by the number of peers N: it
+fetches at most ``contributors + newcomers`` updates and counts at most ``witnesses`` reports
+(docs/design/scale.md). The rules:
+
+- The committee of round r is drawn from the state after round r - LAG. That state's hash seeds the draw
+  and its contributors ledger (Engine.contributors: who had a counted update in the last 64 rounds) is the
+  pool. Every honest peer of a chain holds that state, so every one draws the same committee.
+- A key's ticket is sha256 of the role, the seed and the key. The ``contributors`` lowest contributor
+  tickets contribute; the ``witnesses`` lowest witness tickets witness. A pool no larger than a role's
+  budget fills the role whole.
+- The seed is unknown until round r - LAG is decided, and the pool is fixed by the same decision. A key
+  cannot choose to enter the pool once it knows its ticket; a contributor can only try variants of its
+  update to move the hash, and each try is a fresh draw (the design doc gives the odds against that).
+- A key outside the pool is a newcomer. A round takes at most ``newcomers`` of them, plus the contributor
+  slots a pool smaller than the budget leaves empty (a run's first rounds fill the pool this way): those
+  whose tickets on the round's base (the hash of round r - 1) are lowest among the newcomers a peer saw announce. The
+  base is unknown while the newcomer computes, one round less ahead than a drawn contributor's seed.
+- LAG is two because a peer computes round r while round r - 1 is decided: at the start of round r's
+  compute it holds round r - 2's state, so a drawn peer knows it is drawn before it computes.
+
+An undrawn peer in the pool sends nothing: its pseudo-gradient stays in its error feedback until a round
+draws it. It still fetches the round's updates and applies the set the witnesses decide.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import hashlib
+import heapq
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from math import comb, expm1, log1p
+
+LAG = 2  # the committee of round r is drawn from the state after round r - LAG
+
+
+class Role(enum.Enum):
+    CONTRIBUTOR = b"contributor"
+    WITNESS = b"witness"
+    NEWCOMER = b"newcomer"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A round's budget (SwarmConfig's committee fields): how many pool keys contribute, how many witness,
+    and how many newcomers may contribute besides. 0 contributors: no committee (everyone contributes and
+    every eligible peer witnesses, the all-to-all round)."""
+
+    contributors: int = 0
+    witnesses: int = 0
+    newcomers: int = 0
+
+    def __post_init__(self) -> None:
+        if min(self.contributors, self.witnesses, self.newcomers) < 0 or \
+                (self.contributors > 0) != (self.witnesses > 0):
+            raise ValueError(f"committee budget {self}: all >= 0, contributors and witnesses both set or both 0")
+
+    @property
+    def drawn(self) -> bool:
+        return self.contributors > 0
+
+
+@dataclass(frozen=True)
+class Committee:
+    """Round ``round_``'s committee: the drawn ``contributors`` and ``witnesses`` of ``pool`` (the ledger of the
+    state it was drawn from), and the ``newcomers`` slots open to keys outside the pool."""
+
+    round_: int
+    pool: frozenset[str]
+    contributors: frozenset[str]
+    witnesses: frozenset[str]
+    newcomers: int
+
+    def sends(self, key: str) -> bool:
+        """Whether ``key`` may announce an update this round: drawn, or outside the pool (a newcomer, ranked
+        against the others by ``admitted``)."""
+        return key in self.contributors or key not in self.pool
+
+
+def seed(state_hash: str, round_: int) -> bytes:
+    """The draw's seed for round ``round_``: the hash of the state it is drawn from, and the round."""
+    return hashlib.sha256(f"gradnode/committee/{round_}/{state_hash}".encode()).digest()
+
+
+def ticket(role: Role, seed_: bytes, key: str) -> bytes:
+    """A key's ticket for a role: the lowest tickets are drawn. Nothing a key holder chooses after it knows
+    the seed goes in (a signature is randomised, RSA-PSS: never part of a ticket)."""
+    return hashlib.sha256(role.value + b"/" + seed_ + b"/" + key.encode()).digest()
+
+
+def lowest(role: Role, seed_: bytes, keys: Iterable[str], n: int) -> frozenset[str]:
+    """The ``n`` keys of ``keys`` with the lowest tickets for ``role`` (all of them when they are no more)."""
+    keys = set(keys)
+    if len(keys) <= n:
+        return frozenset(keys)
+    return frozenset(heapq.nsmallest(n, keys, key=lambda k: ticket(role, seed_, k)))
+
+
+def draw(budget: Budget, round_: int, state_hash: str, ledger: Collection[str]) -> Committee | None:
+    """Round ``round_``'s committee, drawn from the state after round ``round_ - LAG``: its hash and its
+    contributors ledger. None without a committee budget: everyone contributes."""
+    if not budget.drawn:
+        return None
+    s, pool = seed(state_hash, round_), frozenset(ledger)
+    contributors = lowest(Role.CONTRIBUTOR, s, pool, budget.contributors)
+    return Committee(round_, pool, contributors, lowest(Role.WITNESS, s, pool, budget.witnesses),
+                     budget.newcomers + budget.contributors - len(contributors))
+
+
+def admitted(committee: Committee, base: str, announced: Iterable[str]) -> frozenset[str]:
+    """Who of ``announced`` contributes to the committee's round: the drawn contributors, and the
+    ``committee.newcomers`` newcomers whose tickets on ``base`` (the hash of the round before) are lowest."""
+    announced = set(announced)
+    newcomers = {k for k in announced if k not in committee.pool}
+    s = seed(base, committee.round_)
+    return frozenset(announced & committee.contributors) | lowest(Role.NEWCOMER, s, newcomers, committee.newcomers)
+
+
+class Ranking:
+    """The newcomers of one round seen so far, ranked as they come (``admitted``'s rule, one ticket each): the
+    ``committee.newcomers`` lowest tickets on ``base`` are in."""
+
+    def __init__(self, committee: Committee, base: str) -> None:
+        self.seed, self.slots = seed(base, committee.round_), committee.newcomers
+        self._ranked: list[tuple[bytes, str]] = []
+
+    def add(self, key: str) -> tuple[bool, str | None]:
+        """Rank a newcomer seen for the first time: whether it is in, and who it displaced (None: nobody)."""
+        entry = (ticket(Role.NEWCOMER, self.seed, key), key)
+        at = bisect.bisect(self._ranked, entry)
+        self._ranked.insert(at, entry)
+        if at >= self.slots:
+            return False, None
+        return True, self._ranked[self.slots][1] if len(self._ranked) > self.slots else None
+
+
+# --- the odds ----------------------------------------------------------------------------------------
+
+
+def at_least(w: int, k: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(w, p): the chance that ``k`` or more of ``w`` witnesses are the attackers',
+    who hold a share ``p`` of the pool. A draw with replacement: it overstates the chance of a draw without
+    replacement from a finite pool."""
+    return sum(comb(w, i) * p**i * (1 - p) ** (w - i) for i in range(k, w + 1))
+
+
+def attacker_majority(w: int, share: float, rounds: int = 1) -> float:
+    """The chance that attackers holding ``share`` of the pool hold a strict majority of ``w`` witnesses in at
+    least one of ``rounds`` rounds (1 - (1 - q)^rounds, without rounding to 0)."""
+    q = at_least(w, w // 2 + 1, share)
+    return -expm1(rounds * log1p(-q))

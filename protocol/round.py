@@ -336,6 +336,7 @@ class RoundCore:
     witness: bool | None = None
     committee: committee_rule.Committee | None = None
     newcomers: dict[str, float] = field(default_factory=dict)  # newcomers seen -> first sighting (committee)
+    gone_out: bool = False  # a drawn round past max_wait_s: the missing reports of witnesses gone list nothing
     _ranking: committee_rule.Ranking | None = field(default=None, repr=False, compare=False)
     # the witness rule (protocol/witness.py); the simulator passes one that remembers its counts, as every peer of
     # a round counts the same reports
@@ -611,7 +612,7 @@ class RoundCore:
         lists is in, and every other one could not reach that count with all the reports still missing. A
         settled set is also what a strict majority of the counted reports lists (``count``): an update below
         the committee's majority with the missing reports added is below the counted reports' majority too."""
-        return self._remembered("settled", self._settled_now)
+        return self._remembered("settled", self._settled_now, self.gone_out)
 
     def _settled_now(self) -> bool:
         counted = self._counted()
@@ -619,7 +620,12 @@ class RoundCore:
             return False
         witnesses = self.committee.witnesses
         need = witness_rule.quorum(len(witnesses))
-        missing = len(witnesses) - sum(1 for w in self.reports if w in witnesses)
+        # past max_wait_s, a witness gone from sight (its record expired, or it announced its departure) lists
+        # nothing: a majority of the witnesses reported (``counted``), so a side of a split that holds fewer
+        # still decides nothing
+        gone = (lambda w: w in self.view.leaving or w not in self.view.present) if self.gone_out else \
+            (lambda w: False)
+        missing = sum(1 for w in witnesses if w not in self.reports and not gone(w))
         counts = Counter(fp for r in counted for fp in set(unpack(r.fps)))
         return all(n >= need or n + missing < need for n in counts.values())
 
@@ -630,6 +636,10 @@ class RoundCore:
         grace period the missing witnesses are asked again every window. An unsettled set never stands: with
         ``max_wait_s`` as the end, two peers of a healed split counted ten and twelve reports of one round and
         applied two sets. The peer waits, or its peer core re-syncs it once the others are ahead."""
+        if now >= self.reported_at + self.params.max_wait_s:
+            # a witness stopped or killed is drawn for up to 64 rounds more: when the honest reports differ on one
+            # update, its missing report held the round open for good (a 16-peer run with a stop stalled)
+            self.gone_out = True
         waiting = set(self.eligible) - set(self.reports) - {self.me}
         if self._settled():
             return self._end(HowDecided.ALL_REPORTED if not waiting else HowDecided.SETTLED)

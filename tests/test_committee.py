@@ -189,6 +189,36 @@ def test_an_undrawn_peer_of_the_pool_neither_sends_nor_reports() -> None:
     assert set(unpack(core.count()[0])) == set(unpack(fps))
 
 
+def test_past_max_wait_a_witness_gone_from_sight_lists_nothing() -> None:
+    """Five drawn witnesses: this peer and one more list an update, two leave it out, one is gone (its record
+    expired). Until max_wait_s after this peer's report the gone witness's report could still put the update
+    in (2 + 1 of 5 is the 3 a majority needs); from then on it lists nothing, and the round settles without
+    the update."""
+    c, pool = small()
+    me, gone = sorted(c.witnesses - c.contributors)[:2]  # neither sends: the round waits for no update of theirs
+    others = sorted(c.witnesses - {me, gone})
+    core = core_of(me, c, pool)
+    present = frozenset(pool) - {gone}
+    core.step(rc.Members(0.0, rc.View(trainers=present - {me}, counted=present - {me}, present=present,
+                                      live=frozenset(pool))))
+    for k in sorted(c.contributors):
+        core.step(rc.Announced(0.3, k, 0.3))
+        core.step(rc.Verified(0.4, k, f"d{k}"))
+    assert core.phase is rc.Phase.DECIDING  # its own report lists all four
+    every = sorted(c.contributors)
+    full, some = pack((k, f"d{k}") for k in every), pack((k, f"d{k}") for k in every[:-1])
+    core.step(rc.ReportSeen(0.5, rc.Report(others[0], "h6", full, digest=full)))
+    for w in others[1:]:
+        core.step(rc.ReportSeen(0.5, rc.Report(w, "h6", some, digest=some)))
+    assert core.phase is rc.Phase.DECIDING
+    reported = core.reported_at
+    core.step(rc.Tick(reported + P.max_wait_s - 1.0))
+    assert core.phase is rc.Phase.DECIDING
+    out = core.step(rc.Tick(reported + P.max_wait_s))
+    assert core.phase is rc.Phase.DECIDED and core.decided.how is rc.HowDecided.SETTLED, out
+    assert core.decided.fps == some
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.permutations([f"n{i}" for i in range(6)]), st.integers(0, 3))
 def test_the_admitted_newcomers_do_not_depend_on_the_order_they_were_seen(order: list[str], slots: int) -> None:
@@ -230,10 +260,12 @@ def test_the_same_seed_gives_the_same_committee_run() -> None:
 
 @pytest.mark.parametrize("name", ["churn", "slow", "censor", "equivocate"])
 def test_a_committee_swarm_keeps_every_round_safe_under_churn_stragglers_and_liars(name: str) -> None:
-    """A kill with a restart and two joiners (a joiner is a newcomer); a 5x straggler; two lying witnesses of 16
-    with timely records, as the all-to-all liars' test runs them. Not yet: a stop beside the rest of the churn
-    (seeds 1 and 4 stall on a round whose set a missing witness could still change: docs/design/scale.md)."""
-    cases = {"churn": dict(rounds=16, **virtual.parse_faults("kill:1@r3,restart:1@r8,join:6@r4,join:12@r2", 16)),
+    """A kill with a restart, a stop and two joiners (a joiner is a newcomer); a 5x straggler; two lying
+    witnesses of 16 with timely records, as the all-to-all liars' test runs them. The stopped witness is drawn
+    for rounds after it left: without the rule that a gone witness lists nothing past max_wait_s, seeds 1 and 4
+    of the churn stall on a round whose set its missing report could still change."""
+    cases = {"churn": dict(rounds=16, **virtual.parse_faults("kill:1@r3,restart:1@r8,join:6@r4,stop:4@r6,join:12@r2",
+                                                          16)),
              "slow": dict(rounds=12, slow=((3, 5.0),)),
              "censor": dict(rounds=10, late_p=0.0, liars=((0, "censor"), (5, "censor"))),
              "equivocate": dict(rounds=10, late_p=0.0, liars=((0, "equivocate"), (5, "equivocate")))}

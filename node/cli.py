@@ -1144,6 +1144,44 @@ def bench_traffic_cmd(sizes: str = typer.Option("4,8", "--sizes", metavar="N,N,.
         bench_traffic.print_result(result)
 
 
+@command("scale", bench_app)
+def bench_scale_cmd(sizes: str = typer.Option("8,32,64,128", "--sizes", metavar="N,N,...", help="Swarm sizes."),
+                    rounds: int = typer.Option(12, "--rounds", min=4, metavar="N", help="Rounds per swarm."),
+                    committee: str = typer.Option("8,16,2", "--committee", metavar="K,W,J",
+                                                  help="Drawn contributors, witnesses and newcomer slots a round."),
+                    all_max: int = typer.Option(64, "--all-to-all-max", min=0, metavar="N",
+                                                help="The largest N also run all-to-all."),
+                    round_s: float = typer.Option(30.0, "--round-s", min=0.1, metavar="SECONDS",
+                                                  help="A median peer's inner steps of one round."),
+                    seed: int = typer.Option(0, "--seed", min=0, metavar="N", help="The simulator's seed."),
+                    config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = SetOpt,
+                    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+                    plot_path: Optional[Path] = typer.Option(None, "--plot", metavar="FILE.png",
+                                                             help="Bytes and records against N.")) -> None:
+    """A peer's bytes, records and held updates per round as N grows: a committee beside all-to-all (virtual)."""
+    from gradnode.node.bench import scale as bench_scale
+    from gradnode.node.sim import virtual
+
+    cfg = _load(config, set_)
+    _check_plot(plot_path)
+    try:
+        counts = [int(x) for x in sizes.split(",") if x.strip()]
+        budget = virtual.parse_committee(committee)
+        if not counts or min(counts) < 2 or max(counts) > 10_000:
+            raise ValueError(f"--sizes {sizes!r}: swarm sizes 2..10000")
+    except ValueError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    result = bench_scale.run(cfg, counts, rounds=rounds, seed=seed, committee=budget, all_max=all_max,
+                             round_s=round_s)
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        bench_scale.print_result(result)
+    if plot_path is not None:
+        _plot(lambda: bench_scale.plot(result, str(plot_path)), plot_path)
+
+
 @command("quality", bench_app)
 def bench_quality_cmd(
         replicas: int = typer.Option(4, "--replicas", "-r", min=1, max=64, metavar="N",

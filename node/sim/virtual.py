@@ -1239,6 +1239,8 @@ class Simulation:
         # what it applies: an update it never verified is in its ledger all the same)
         pairs = self._resolve(r, c.base, fps)
         p.sets[r] = frozenset(s for s, _ in pairs)
+        # an update of the set it never verified it fetches now (the aggregate needs it): its bytes count too
+        p.traffic.update_bytes_down += len(p.sets[r] - c.verified.keys() - {p.id}) * self.sc.update_bytes
         p.senders = p.sets[r]
         self._note_workers(p, c, r)
         p.counted[r] = self._aggregate(p, r, c.base, fps, pairs)

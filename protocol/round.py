@@ -340,7 +340,7 @@ class RoundCore:
     _ranking: committee_rule.Ranking | None = field(default=None, repr=False, compare=False)
     # the witness rule (protocol/witness.py); the simulator passes one that remembers its counts, as every peer of
     # a round counts the same reports
-    witnessed: Callable[[Iterable[bytes]], bytes] = field(default=witness_rule.witnessed, repr=False, compare=False)
+    witnessed: Callable[..., bytes] = field(default=witness_rule.witnessed, repr=False, compare=False)
     # what _live() and deadline() last gave, with what they were computed from (every event changes one of
     # these counts or the view; many rules ask again before the next event does)
     _memo: dict[str, tuple] = field(default_factory=dict, repr=False, compare=False)
@@ -512,8 +512,9 @@ class RoundCore:
         return self._remembered("deadline", self._deadline_now)
 
     def _deadline_now(self) -> float | None:
-        # a newcomer left out still announced: the round's pace is every sighting's (a run's first rounds, all
-        # newcomers, would never see half their trainers among the admitted few)
+        # a run's first rounds (no pool: all newcomers) pace on every sighting, or half their trainers would never
+        # be seen among the admitted few; with a pool, on the admitted only (free keys announcing early as
+        # newcomers would pull the deadline in on the drawn contributors)
         seen = {**self.newcomers, **self.first_seen} if self.newcomers else self.first_seen
         deadline = deadline_from(seen, len(self._live()[1]), self.window)
         if self.view.fresh and self.first_seen:
@@ -583,7 +584,8 @@ class RoundCore:
         if self._drawn():  # a strict majority of the drawn witnesses, or nothing: a side of a split that holds
             # fewer decides nothing (two peers of one side counting two and three of its three reports applied
             # two sets of one round), and no other key's report stands in for theirs
-            got = [r for w, r in sorted(self.reports.items()) if w in self.eligible and not r.abstain]
+            witnesses = self.committee.witnesses
+            got = [r for w, r in sorted(self.reports.items()) if w in witnesses and w in self.eligible and not r.abstain]
             return got if 2 * len(got) > len(self.committee.witnesses) else []
         if self.no_ledger:  # every report on this chain: no ledger says who may witness (the view differs by what
             # records reached each peer), and a key that reports could as well publish a 'training' record
@@ -595,6 +597,10 @@ class RoundCore:
         counted = self._counted()
         if not counted:
             return None
+        if self._drawn():  # an update is in when a strict majority of the drawn witnesses lists it: two sides of a
+            # split, each short of one, cannot each put their own updates in, whatever reports reach a peer
+            return self.witnessed((r.fps for r in counted), witness_rule.quorum(len(self.committee.witnesses))), \
+                len(counted)
         return self.witnessed(r.fps for r in counted), len(counted)
 
     def _end(self, how: HowDecided) -> list[Action]:
@@ -625,7 +631,7 @@ class RoundCore:
         # still decides nothing
         gone = (lambda w: w in self.view.leaving or w not in self.view.present) if self.gone_out else \
             (lambda w: False)
-        missing = sum(1 for w in witnesses if w not in self.reports and not gone(w))
+        missing = sum(1 for w in witnesses if w not in self.reports and w not in self.banned and not gone(w))
         counts = Counter(fp for r in counted for fp in set(unpack(r.fps)))
         return all(n >= need or n + missing < need for n in counts.values())
 

@@ -25,9 +25,10 @@ def quorum(reports: int) -> int:
     return reports // 2 + 1
 
 
-def witnessed(reports: Iterable[bytes]) -> bytes:
+def witnessed(reports: Iterable[bytes], need: int | None = None) -> bytes:
     """The fingerprints (sorted, concatenated) listed by a strict majority of ``reports`` (each one report's
-    packed fingerprints; a report listing one twice counts once)."""
+    packed fingerprints; a report listing one twice counts once), or by ``need`` of them when given (a drawn
+    committee's strict majority of its witnesses, however many reports are counted)."""
     reports = list(reports)
     counts: Counter[bytes] = Counter()
     # identical reports counted together, each fingerprint once per distinct report with its copies added
@@ -39,12 +40,11 @@ def witnessed(reports: Iterable[bytes]) -> bytes:
         else:
             for fp in set(unpack(fps)):
                 counts[fp] += copies
-    return _majority(counts, len(reports))
+    return _majority(counts, quorum(len(reports)) if need is None else need)
 
 
-def _majority(counts: Counter[bytes], reports: int) -> bytes:
-    """The fingerprints ``counts`` finds in a strict majority of ``reports`` reports, sorted and concatenated."""
-    need = quorum(reports)
+def _majority(counts: Counter[bytes], need: int) -> bytes:
+    """The fingerprints ``counts`` finds in ``need`` reports or more, sorted and concatenated."""
     return b"".join(sorted(fp for fp, n in counts.items() if n >= need))
 
 
@@ -58,7 +58,7 @@ class Counts:
         self.keep = keep
         self._made: list[tuple[Counter[bytes], Counter[bytes]]] = []  # (reports, fingerprint counts), newest last
 
-    def __call__(self, reports: Iterable[bytes]) -> bytes:
+    def __call__(self, reports: Iterable[bytes], need: int | None = None) -> bytes:
         have = Counter(reports)
         base: tuple[Counter[bytes], Counter[bytes]] | None = None
         changed = set(have)  # the reports whose copies differ from the base's (all of them from nothing)
@@ -77,7 +77,8 @@ class Counts:
                 else:  # gone with the reports that listed it (kept, the counts would grow with every one)
                     del counts[fp]
         self._made = ([m for m in self._made if m is not base] + [(have, counts)])[-self.keep:]
-        return _majority(counts, sum(have.values()))
+        total = sum(have.values())
+        return _majority(counts, quorum(total) if need is None else need)
 
 
 WITNESS_WINDOW = 8  # rounds: a peer whose update was applied this recently witnesses the next round

@@ -512,9 +512,9 @@ class RoundCore:
         return self._remembered("deadline", self._deadline_now)
 
     def _deadline_now(self) -> float | None:
-        # a run's first rounds (no pool: all newcomers) pace on every sighting, or half their trainers would never
-        # be seen among the admitted few; with a pool, on the admitted only (free keys announcing early as
-        # newcomers would pull the deadline in on the drawn contributors)
+        # a newcomer left out still announced: the round paces on every sighting (a run's first rounds, all
+        # newcomers, would never see half their trainers among the admitted few). Free keys announcing early can
+        # so pull the deadline in: docs/design/scale.md, "Open points"
         seen = {**self.newcomers, **self.first_seen} if self.newcomers else self.first_seen
         deadline = deadline_from(seen, len(self._live()[1]), self.window)
         if self.view.fresh and self.first_seen:
@@ -586,7 +586,7 @@ class RoundCore:
             # two sets of one round), and no other key's report stands in for theirs
             witnesses = self.committee.witnesses
             got = [r for w, r in sorted(self.reports.items()) if w in witnesses and w in self.eligible and not r.abstain]
-            return got if 2 * len(got) > len(self.committee.witnesses) else []
+            return got if 2 * len(got) > len(witnesses) else []
         if self.no_ledger:  # every report on this chain: no ledger says who may witness (the view differs by what
             # records reached each peer), and a key that reports could as well publish a 'training' record
             return [r for _, r in sorted(self.reports.items()) if not r.abstain]
@@ -615,9 +615,8 @@ class RoundCore:
 
     def _settled(self) -> bool:
         """A drawn committee's set can no longer change: every update that a strict majority of its witnesses
-        lists is in, and every other one could not reach that count with all the reports still missing. A
-        settled set is also what a strict majority of the counted reports lists (``count``): an update below
-        the committee's majority with the missing reports added is below the counted reports' majority too."""
+        lists is in, and every other one could not reach that count with all the reports still missing (the
+        set ``count`` gives, by the committee's majority)."""
         return self._remembered("settled", self._settled_now, self.gone_out)
 
     def _settled_now(self) -> bool:

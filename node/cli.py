@@ -1204,6 +1204,12 @@ def bench_quality_cmd(
         aggregation: str = typer.Option("coord_mean", "--aggregation", metavar="RULE", help="SparseLoCo/DiLoCo "
                                         "aggregation: coord_mean (measured best), mean or robust."),
         seed: int = typer.Option(0, "--seed", min=0, metavar="N", help="Seed of models and data."),
+        committee_k: int = typer.Option(0, "--committee", min=0, metavar="K", help="Also run each SparseLoCo "
+                                        "algorithm with K contributors drawn per round, and all-to-all with K "
+                                        "replicas."),
+        newcomers: int = typer.Option(1, "--newcomers", min=0, metavar="J", help="The committee's newcomer slots."),
+        undrawn: str = typer.Option("carry,feedback,drop", "--undrawn", metavar="RULES", help="What undrawn "
+                                    "replicas do with their work, one run each: carry, feedback, drop."),
         set_: Optional[list[str]] = typer.Option(None, "--set", metavar="KEY=VALUE", help="Override a config key for "
                                                  "every algorithm, e.g. --set inner.batch_size=16 (repeatable)."),
         device: Optional[str] = typer.Option(None, "--device", metavar="DEVICE", help="cpu, cuda (default: auto)."),
@@ -1211,7 +1217,8 @@ def bench_quality_cmd(
         plot_path: Optional[Path] = typer.Option(None, "--plot", metavar="FILE.png",
                                                  help="Write a PNG of val loss vs tokens (needs matplotlib)."),
         verbose: bool = VerboseOpt) -> None:
-    """Compressed vs dense training: DDP AdamW, DiLoCo, SparseLoCo (12-bit and entropy-coded indices)."""
+    """Compressed vs dense training: DDP AdamW, DiLoCo, SparseLoCo (12-bit and entropy-coded indices); with
+    --committee, SparseLoCo under a drawn committee."""
     from rich.progress import Progress
     from rich.table import Table
 
@@ -1224,8 +1231,8 @@ def bench_quality_cmd(
     _check_plot(plot_path)
     settings = bq.BenchSettings(replicas=replicas, rounds=rounds, inner_steps=inner_steps, size=size, seed=seed,
                                 inner_lr=inner_lr, sparseloco_lr=sparseloco_lr, ef_beta=ef_beta, diloco_lr=diloco_lr,
-                                aggregation=aggregation,
-                                device=device)
+                                aggregation=aggregation, committee=committee_k, newcomers=newcomers,
+                                undrawn=tuple(u.strip() for u in undrawn.split(",") if u.strip()), device=device)
     try:
         settings.overrides = dict(parse_override(o) for o in set_ or [])
     except ConfigError as err:
@@ -1234,19 +1241,27 @@ def bench_quality_cmd(
     names = tuple(algorithms) if algorithms else bq.ALGORITHMS
     with _user_errors(verbose):
         with Progress(console=ERR, transient=True) as progress:
-            tasks = {n: progress.add_task(n, total=rounds) for n in names}
-            results = bq.run_bench(settings, names, lambda n, r: progress.update(tasks[n], completed=r))
+            tasks: dict[str, Any] = {}
+
+            def advance(n: str, r: int) -> None:
+                if n not in tasks:
+                    tasks[n] = progress.add_task(n, total=rounds)
+                progress.update(tasks[n], completed=r)
+
+            results = bq.run_bench(settings, names, advance)
     if as_json:
         typer.echo(json.dumps(bq.results_json(settings, results)))
     else:
         console = Console() if sys.stdout.isatty() else Console(width=130)  # keep the table whole in logs
         table = Table(title=f"quality: {replicas} replicas, H={inner_steps}, {rounds} rounds, "
                             f"{results[0].params:,} params, {results[0].tokens:,} tokens each")
-        for col in ("algorithm", "val loss", "bits/param/round", "bytes/peer/round", "x smaller than fp32", "time"):
+        for col in ("algorithm", "val loss", "bits/param/round", "bytes/peer/round", "x smaller than fp32",
+                    "work reached", "time"):
             table.add_column(col, justify="left" if col == "algorithm" else "right")
         for r in results:
             table.add_row(r.algorithm, f"{r.val_loss:.4f}", f"{r.bits_per_param_per_round:.4g}",
-                          f"{r.bytes_per_peer_per_round:,.0f}", f"{r.fp32_ratio:,.1f}", f"{r.seconds:.0f} s")
+                          f"{r.bytes_per_peer_per_round:,.0f}", f"{r.fp32_ratio:,.1f}", f"{r.reached:.0%}",
+                          f"{r.seconds:.0f} s")
         console.print(table)
         for goal, measured, bound, met in bq.goals(results):
             op = ">=" if "smaller" in goal else "<="

@@ -176,3 +176,51 @@ def test_the_contributors_ledger_is_shared_state_and_travels_with_it() -> None:
     assert e.contributors == {"peer-0": 2, "peer-1": 2}  # round 2 is CONTRIBUTOR_ROUNDS - 1 rounds back
     e.apply_aggregate([])
     assert e.contributors == {}
+
+
+def _sat_out(undrawn: str) -> tuple[Engine, dict[str, torch.Tensor], int]:
+    """A peer that trains a round, sits it out as ``undrawn`` says, and takes the others' aggregate (none)."""
+    e = Engine(tiny_config(outer={"algorithm": "sparseloco", "undrawn": undrawn}))
+    tokens = e.inner_round().tokens
+    delta = e.pseudo_gradient()
+    e.sit_out()
+    e.apply_aggregate([])
+    return e, delta, tokens
+
+
+def test_an_undrawn_peer_carries_its_work_into_its_next_update():
+    e, delta, tokens = _sat_out("carry")
+    for n, d in delta.items():  # the progress stays local, on top of the agreed weights
+        assert torch.allclose(e.start[n] - e.params[n], d, atol=1e-6), n
+    e.inner_round()
+    assert decode_update(e.make_update(sender="p")).tokens == 2 * tokens  # both rounds' work, sent whole
+
+
+def test_an_undrawn_peer_folds_its_work_into_error_feedback():
+    e, delta, tokens = _sat_out("feedback")
+    beta = e.cfg.outer.ef_beta
+    for n, d in delta.items():
+        assert torch.equal(e.params[n].detach(), e.global_params[n]), n  # restarted from the agreed weights
+        assert torch.allclose(e.ef[n], d, atol=1e-7), n  # e <- beta * 0 + delta
+    assert e.pending_tokens == tokens  # counted when the buffers are next sent
+    e.inner_round()
+    before = {n: t.clone() for n, t in e.ef.items()}
+    second = e.pseudo_gradient()
+    sent = decode_update(e.make_update(sender="p")).tensors
+    assert sent.keys() == before.keys()
+    for n in before:  # the update sends from beta * e + delta, and what it leaves stays: nothing is lost
+        assert torch.allclose(sent[n] + e.ef[n], beta * before[n] + second[n], atol=1e-6), n
+
+
+def test_an_undrawn_peer_drops_its_work():
+    e, _, _ = _sat_out("drop")
+    assert e.pending_tokens == 0 and not e.ef
+    for n, p in e.params.items():
+        assert torch.equal(p.detach(), e.global_params[n]), n
+
+
+def test_feedback_for_an_undrawn_peer_needs_error_feedback():
+    e = Engine(tiny_config(outer={"algorithm": "diloco", "undrawn": "feedback"}))
+    e.inner_round()
+    with pytest.raises(ValueError, match="error feedback"):
+        e.sit_out()

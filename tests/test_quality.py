@@ -35,3 +35,21 @@ def test_cli_json_and_plot(tmp_path):
 def test_cli_rejects_unknown_algorithm():
     result = CliRunner().invoke(app, ["bench", "quality", "-a", "adam", "--size", "tiny"])
     assert result.exit_code == 2 and "adam" in result.output
+
+
+def test_a_committee_sends_fewer_updates_and_its_undrawn_rules_differ():
+    s = BenchSettings(replicas=6, rounds=4, inner_steps=2, size="tiny", eval_every=4, eval_batches=2, committee=2)
+    by = {r.algorithm: r for r in run_bench(s, ("sparseloco-packed12",))}  # every run asserts one state hash
+    full, alone = by["sparseloco-packed12"], by["sparseloco-packed12 all-to-all 2"]
+    carry, feedback, drop = (by[f"sparseloco-packed12 committee 2/6 {h}"] for h in ("carry", "feedback", "drop"))
+    assert full.reached == alone.reached == 1.0
+    assert alone.tokens * 3 == full.tokens == carry.tokens  # equal compute for the committee and all-to-all
+    # the same number of senders a round under every rule, so a carried round can only add tokens
+    assert drop.reached < carry.reached <= 1.0 and drop.reached < feedback.reached <= 1.0
+    assert carry.bytes_per_peer_per_round < full.bytes_per_peer_per_round / 2
+    assert len({carry.val_loss, feedback.val_loss, drop.val_loss}) == 3
+
+
+def test_cli_rejects_a_committee_as_large_as_the_swarm():
+    result = CliRunner().invoke(app, ["bench", "quality", "--replicas", "2", "--committee", "2", "--size", "tiny"])
+    assert result.exit_code != 0 and "--committee" in result.output

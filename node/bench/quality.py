@@ -9,6 +9,12 @@ seed, data stream per replica and total tokens for every algorithm:
 - ``sparseloco-packed12`` / ``sparseloco-rice``: error feedback + top-k + 2-bit codec, outer SGD,
   with 12-bit or entropy-coded in-chunk indices.
 
+With ``committee`` K (``--committee K``), each SparseLoCo algorithm also runs under the drawn committee of
+protocol/committee.py: per round, K contributors drawn from the ledger plus its newcomer slots, and every other
+replica sits the round out as each ``undrawn`` rule says (``Engine.sit_out``). Beside it runs all-to-all with K
+replicas: the same updates per round, a quarter of the compute at K = R / 4. ``reached`` is the share of the
+tokens computed that an applied update carried.
+
 Sizes are real encoded payload lengths (``len(make_update())``), except for ddp, which all-reduces
 fp32 gradients every inner step (H x 4 bytes per parameter per round, nominal).
 """
@@ -29,7 +35,7 @@ from gradnode.node.train.data import Batches, load_corpus
 from gradnode.node.train.engine import Engine, schedule_steps
 from gradnode.node.train.inner import InnerTrainer, pick_device
 from gradnode.node.train.model import build_model, count_params
-from gradnode.protocol import decode_update
+from gradnode.protocol import committee, decode_update
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +67,9 @@ class BenchSettings:
     aggregation: str = "coord_mean"  # measured: beats "mean" (see docs/notes/quality.md)
     clip_to_median: bool = True
     device: str | None = None
+    committee: int = 0  # contributors drawn per round (0: all-to-all only)
+    newcomers: int = 1  # the committee's newcomer slots
+    undrawn: tuple[str, ...] = ("carry", "feedback", "drop")  # what undrawn replicas do, one run each
     overrides: dict[str, Any] = field(default_factory=dict)  # dotted config keys applied to every algorithm
 
     def validate(self) -> None:
@@ -68,6 +77,10 @@ class BenchSettings:
             raise ValueError(f"--size must be one of {', '.join(SIZES)}, got {self.size!r}")
         if self.replicas < 1 or self.rounds < 1 or self.inner_steps < 1 or self.eval_every < 1:
             raise ValueError("--replicas, --rounds, --inner-steps and --eval-every must be >= 1")
+        if self.committee and not 0 < self.committee < self.replicas:
+            raise ValueError(f"--committee must lie between 1 and --replicas - 1, got {self.committee}")
+        if set(self.undrawn) - {"carry", "feedback", "drop"} or not self.undrawn:
+            raise ValueError(f"--undrawn takes carry, feedback and drop, got {','.join(self.undrawn)}")
 
 
 @dataclass
@@ -80,6 +93,7 @@ class BenchResult:
     seconds: float
     params: int
     curve: list[tuple[int, float]] = field(default_factory=list)  # (tokens, val_loss)
+    reached: float = 1.0  # share of the tokens computed that an applied update carried
 
     @property
     def fp32_ratio(self) -> float:
@@ -106,28 +120,44 @@ def bench_config(s: BenchSettings, algorithm: str) -> Config:
     return config_from_dict(with_overrides(tree, s.overrides), f"bench quality ({algorithm})")
 
 
-def run_local_sgd(cfg: Config, s: BenchSettings, name: str, on_round: Callable[[int], None]) -> BenchResult:
-    """DiLoCo or SparseLoCo with R engines in lock-step; all must end bit-identical."""
-    engines = [Engine(cfg, peer_index=i, device=s.device) for i in range(s.replicas)]
+def run_local_sgd(cfg: Config, s: BenchSettings, name: str, on_round: Callable[[int], None],
+                  replicas: int | None = None, budget: committee.Budget | None = None) -> BenchResult:
+    """DiLoCo or SparseLoCo with R engines in lock-step; all must end bit-identical. With a committee
+    ``budget``, only the drawn contributors and admitted newcomers send; the others sit the round out."""
+    engines = [Engine(cfg, peer_index=i, device=s.device) for i in range(replicas or s.replicas)]
+    keys = [f"replica-{i}" for i in range(len(engines))]
+    hashes, pools = {-1: "genesis"}, {-1: frozenset[str]()}  # after round r, as every replica holds them
     curve = [(0, engines[0].evaluate(s.eval_batches))]
-    tokens, sent, t0 = 0, 0, time.perf_counter()
+    tokens, applied, sent, t0 = 0, 0, 0, time.perf_counter()
     for r in range(s.rounds):
         for e in engines:
             tokens += e.inner_round().tokens
-        payloads = [e.make_update(sender=f"replica-{i}") for i, e in enumerate(engines)]
+        senders = set(keys)
+        if budget is not None:
+            lag = max(r - committee.LAG, -1)
+            drawn = committee.draw(budget, r, hashes[lag], pools[lag])
+            assert drawn is not None
+            senders = committee.admitted(drawn, hashes[r - 1], [k for k in keys if drawn.sends(k)])
+        payloads = []
+        for key, e in zip(keys, engines):
+            if key in senders:
+                payloads.append(e.make_update(sender=key))
+            else:
+                e.sit_out()
         sent += sum(len(p) for p in payloads)
         updates = [decode_update(p) for p in payloads]
+        applied += sum(u.tokens for u in updates)
         for e in engines:
             e.apply_aggregate(updates)
+        hashes[r], pools[r] = engines[0].state_hash(), frozenset(engines[0].contributors)
         if (r + 1) % s.eval_every == 0 or r + 1 == s.rounds:
             curve.append((tokens, engines[0].evaluate(s.eval_batches)))
         on_round(r + 1)
-    hashes = {e.param_hash() for e in engines}
-    assert len(hashes) == 1, f"{name}: replicas diverged ({len(hashes)} distinct weight hashes)"
+    assert len({e.state_hash() for e in engines}) == 1, f"{name}: replicas diverged"
     params = count_params(engines[0].model)
-    per_peer = sent / (s.rounds * s.replicas)
+    per_peer = sent / (s.rounds * len(engines))
     return BenchResult(name, curve[-1][1], 8 * per_peer / params, per_peer, tokens,
-                       time.perf_counter() - t0, params, curve)
+                       time.perf_counter() - t0, params, curve, applied / tokens)
 
 
 def run_ddp(cfg: Config, s: BenchSettings, on_round: Callable[[int], None]) -> BenchResult:
@@ -186,14 +216,31 @@ def run_bench(s: BenchSettings, algorithms: tuple[str, ...] = ALGORITHMS,
         cfg = bench_config(s, name)
         callback = (lambda r, n=name: on_round(n, r)) if on_round else (lambda r: None)
         result = run_ddp(cfg, s, callback) if name == "ddp" else run_local_sgd(cfg, s, name, callback)
-        log.info("bench algorithm=%s val_loss=%.4f bytes=%.0f seconds=%.1f", name, result.val_loss,
-                 result.bytes_per_peer_per_round, result.seconds)
         results.append(result)
+        if s.committee and name.startswith("sparseloco"):
+            results += run_committee(s, name, on_round)
+    for result in results:
+        log.info("bench algorithm=%s val_loss=%.4f bytes=%.0f reached=%.2f seconds=%.1f", result.algorithm,
+                 result.val_loss, result.bytes_per_peer_per_round, result.reached, result.seconds)
     return results
 
 
+def run_committee(s: BenchSettings, name: str, on_round: Callable[[str, int], None] | None) -> list[BenchResult]:
+    """``name`` under a committee of ``s.committee`` contributors, once per undrawn rule, and all-to-all with
+    that many replicas (the same per-round budget)."""
+    budget = committee.Budget(s.committee, s.replicas, s.newcomers)
+    runs = [(f"{name} committee {s.committee}/{s.replicas} {how}", how, budget, None) for how in s.undrawn]
+    runs.append((f"{name} all-to-all {s.committee}", "carry", None, s.committee))
+    out = []
+    for label, how, drawn, replicas in runs:
+        cfg = bench_config(BenchSettings(**{**asdict(s), "overrides": {**s.overrides, "outer.undrawn": how}}), name)
+        callback = (lambda r, n=label: on_round(n, r)) if on_round else (lambda r: None)
+        out.append(run_local_sgd(cfg, s, label, callback, replicas=replicas, budget=drawn))
+    return out
+
+
 def results_json(s: BenchSettings, results: list[BenchResult]) -> dict[str, Any]:
-    keys = ("algorithm", "val_loss", "bits_per_param_per_round", "bytes_per_peer_per_round", "tokens")
+    keys = ("algorithm", "val_loss", "bits_per_param_per_round", "bytes_per_peer_per_round", "tokens", "reached")
     return {"settings": asdict(s),
             "results": [{**{k: getattr(r, k) for k in keys}, "fp32_ratio": r.fp32_ratio, "seconds": r.seconds,
                          "params": r.params, "curve": r.curve} for r in results]}

@@ -39,6 +39,7 @@ from gradnode.node.train.inner import InnerTrainer, pick_device
 from gradnode.node.train.model import build_model
 from gradnode.node.train.outer import OuterOptimizer
 from gradnode.protocol import CodecParams, DecodedUpdate, aggregate, compress_with_feedback, encode_update
+from gradnode.protocol.feedback import fold
 from gradnode.protocol.reputation import Reputation
 from gradnode.protocol.robust import Screen, robust_aggregate, screen
 from gradnode.protocol.votes import CONTRIBUTOR_ROUNDS  # the ledger remembers whose updates these last rounds applied
@@ -249,6 +250,27 @@ class Engine:
             self.start[n].copy_(self.params[n])
         self.pending_tokens = 0
         return payload
+
+    @torch.no_grad()
+    def sit_out(self) -> None:
+        """This peer sends nothing for round ``self.round`` (a committee left it out); its work waits, as
+        ``outer.undrawn`` says. 'carry': nothing changes, so the progress stays local and the next update
+        holds it whole. 'feedback': the pseudo-gradient joins the error-feedback buffers as an unsent residue
+        does (e <- beta * e + delta), and the local weights restart from start, so inner steps never drift
+        far from the agreed weights. 'drop': the progress is discarded. ``apply_aggregate`` follows as after
+        an update."""
+        how = self.cfg.outer.undrawn
+        if how == "carry":
+            return
+        if how == "feedback":
+            if self.cfg.outer.algorithm != "sparseloco":
+                raise ValueError("outer.undrawn='feedback' needs error feedback: outer.algorithm='sparseloco'")
+            for n, d in self.pseudo_gradient().items():
+                fold(self.ef, n, d, self.cfg.outer.ef_beta)
+        else:
+            self.pending_tokens = 0
+        for n in self.names:
+            self.params[n].copy_(self.start[n])
 
     @torch.no_grad()
     def kept(self, updates: Sequence[DecodedUpdate], weights: Sequence[float] | None = None) -> set[str]:

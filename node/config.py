@@ -120,9 +120,9 @@ class OuterConfig(_Section):
     momentum: float = Field(0.0, ge=0.0, lt=1.0, description="Outer momentum (0 for SparseLoCo, ~0.9 for DiLoCo).")
     nesterov: bool = Field(False, description="Nesterov outer momentum (DiLoCo).")
     ef_beta: float = Field(0.95, ge=0.0, le=1.0, description="Error-feedback decay.")
-    undrawn: Literal["carry", "feedback", "drop"] = Field(
-        "carry", description="What a peer outside a round's committee does with its work: keeps it as local "
-                             "progress ('carry'), folds it into error feedback ('feedback'), or discards it.")
+    undrawn: Literal["drop", "carry", "feedback"] = Field(
+        "drop", description="What a peer outside a round's committee does with its work: discards it ('drop'), "
+                            "keeps it as local progress ('carry'), or folds it into error feedback ('feedback').")
     aggregation: Literal["mean", "coord_mean", "robust"] = Field(
         "robust", description="'robust': coord_mean of the updates that pass deterministic screens, weighted by "
                               "reputation (protocol/robust.py); 'coord_mean': each coordinate averaged over its "

@@ -81,3 +81,12 @@ def test_the_swarm_defaults_that_runs_measured():
 
     sw = SwarmConfig()
     assert (sw.commit_grace_s, sw.score_z, sw.score_rows) == (3.0, 5.0, 0)
+
+
+def test_an_undrawn_peer_drops_its_work_by_default():
+    """outer.undrawn is 'drop': in `gradnode bench quality --replicas 16 --rounds 12 -a sparseloco-packed12
+    --committee 4`, seeds 0 and 1, dropping gave 2.3066 / 2.3228, carrying 2.3402 / 2.3460 and folding into
+    error feedback 2.3880 / 2.3681. Stale work applied late cost more than the work it added."""
+    from gradnode.node.config import OuterConfig
+
+    assert OuterConfig().undrawn == "drop"

@@ -24,13 +24,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, get_args
 
 import torch
 
 from gradnode.node.bench import pyplot
-from gradnode.node.config import Config, config_from_dict, with_overrides
+from gradnode.node.config import Config, OuterConfig, config_from_dict, with_overrides
 from gradnode.node.train.data import Batches, load_corpus
 from gradnode.node.train.engine import Engine, schedule_steps
 from gradnode.node.train.inner import InnerTrainer, pick_device
@@ -40,6 +40,7 @@ from gradnode.protocol import committee, decode_update
 log = logging.getLogger(__name__)
 
 ALGORITHMS = ("ddp", "diloco", "sparseloco-packed12", "sparseloco-rice")
+UNDRAWN: tuple[str, ...] = get_args(OuterConfig.model_fields["undrawn"].annotation)  # outer.undrawn's rules
 
 # Model sizes offered by --size; "small" is the default that fits 10 minutes on 2 CPU cores, "tiny" is for tests.
 SIZES: dict[str, dict[str, Any]] = {
@@ -69,7 +70,7 @@ class BenchSettings:
     device: str | None = None
     committee: int = 0  # contributors drawn per round (0: all-to-all only)
     newcomers: int = 1  # the committee's newcomer slots
-    undrawn: tuple[str, ...] = ("carry", "feedback", "drop")  # what undrawn replicas do, one run each
+    undrawn: tuple[str, ...] = UNDRAWN  # what undrawn replicas do, one run each
     overrides: dict[str, Any] = field(default_factory=dict)  # dotted config keys applied to every algorithm
 
     def validate(self) -> None:
@@ -79,8 +80,8 @@ class BenchSettings:
             raise ValueError("--replicas, --rounds, --inner-steps and --eval-every must be >= 1")
         if self.committee and not 0 < self.committee < self.replicas:
             raise ValueError(f"--committee must lie between 1 and --replicas - 1, got {self.committee}")
-        if set(self.undrawn) - {"carry", "feedback", "drop"} or not self.undrawn:
-            raise ValueError(f"--undrawn takes carry, feedback and drop, got {','.join(self.undrawn)}")
+        if set(self.undrawn) - set(UNDRAWN) or not self.undrawn:
+            raise ValueError(f"--undrawn takes {', '.join(UNDRAWN)}, got {','.join(self.undrawn)}")
 
 
 @dataclass
@@ -233,7 +234,7 @@ def run_committee(s: BenchSettings, name: str, on_round: Callable[[str, int], No
     runs.append((f"{name} all-to-all {s.committee}", "carry", None, s.committee))
     out = []
     for label, how, drawn, replicas in runs:
-        cfg = bench_config(BenchSettings(**{**asdict(s), "overrides": {**s.overrides, "outer.undrawn": how}}), name)
+        cfg = bench_config(replace(s, overrides={**s.overrides, "outer.undrawn": how}), name)
         callback = (lambda r, n=label: on_round(n, r)) if on_round else (lambda r: None)
         out.append(run_local_sgd(cfg, s, label, callback, replicas=replicas, budget=drawn))
     return out

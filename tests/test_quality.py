@@ -38,12 +38,14 @@ def test_cli_rejects_unknown_algorithm():
 
 
 def test_a_committee_sends_fewer_updates_and_its_undrawn_rules_differ():
-    s = BenchSettings(replicas=6, rounds=4, inner_steps=2, size="tiny", eval_every=4, eval_batches=2, committee=2)
+    # 1 contributor and 1 newcomer a round: 2 senders of 6, a third of all-to-all's bytes. (At 2 + 1 of 6, the
+    # bound below sat within 0.3% of half, and a container without a compiler's encoder crossed it.)
+    s = BenchSettings(replicas=6, rounds=4, inner_steps=2, size="tiny", eval_every=4, eval_batches=2, committee=1)
     by = {r.algorithm: r for r in run_bench(s, ("sparseloco-packed12",))}  # every run asserts one state hash
-    full, alone = by["sparseloco-packed12"], by["sparseloco-packed12 all-to-all 2"]
-    carry, feedback, drop = (by[f"sparseloco-packed12 committee 2/6 {h}"] for h in ("carry", "feedback", "drop"))
+    full, alone = by["sparseloco-packed12"], by["sparseloco-packed12 all-to-all 1"]
+    carry, feedback, drop = (by[f"sparseloco-packed12 committee 1/6 {h}"] for h in ("carry", "feedback", "drop"))
     assert full.reached == alone.reached == 1.0
-    assert alone.tokens * 3 == full.tokens == carry.tokens  # equal compute for the committee and all-to-all
+    assert alone.tokens * 6 == full.tokens == carry.tokens  # equal compute for the committee and all-to-all
     # the same number of senders a round under every rule, so a carried round can only add tokens
     assert drop.reached < carry.reached <= 1.0 and drop.reached < feedback.reached <= 1.0
     assert carry.bytes_per_peer_per_round < full.bytes_per_peer_per_round / 2

@@ -28,13 +28,15 @@ from __future__ import annotations
 
 import bisect
 import enum
+import functools
 import hashlib
 import heapq
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from math import comb, expm1, log1p
 
 LAG = 2  # the committee of round r is drawn from the state after round r - LAG
+GENESIS = "genesis"  # the hash a draw reads for a round before the run's first: no state, an empty pool
 
 
 class Role(enum.Enum):
@@ -108,6 +110,27 @@ def draw(budget: Budget, round_: int, state_hash: str, ledger: Collection[str]) 
     contributors = lowest(Role.CONTRIBUTOR, s, pool, budget.contributors)
     return Committee(round_, pool, contributors, lowest(Role.WITNESS, s, pool, budget.witnesses),
                      budget.newcomers + budget.contributors - len(contributors))
+
+
+def of_round(budget: Budget, round_: int, hashes: Mapping[int, str],
+             ledgers: Mapping[int, frozenset[str]]) -> Committee | None:
+    """Round ``round_``'s committee as a peer draws it from what it holds: ``hashes[k]`` and ``ledgers[k]`` are
+    the hash and the contributors ledger of its state after round k. Before round LAG no such state exists,
+    so the draw reads GENESIS and an empty pool (every early contributor is a newcomer). One draw per state
+    is kept: every peer of a chain asks for the same one."""
+    k = round_ - LAG
+    return _draw(budget, round_, hashes.get(k, GENESIS), ledgers.get(k, frozenset()))
+
+
+@functools.lru_cache(maxsize=1024)
+def _draw(budget: Budget, round_: int, state_hash: str, ledger: frozenset[str]) -> Committee | None:
+    return draw(budget, round_, state_hash, ledger)
+
+
+def base(round_: int, hashes: Mapping[int, str]) -> str:
+    """The hash newcomers of round ``round_`` are ranked on: the state after the round before (GENESIS for
+    the run's first round)."""
+    return hashes.get(round_ - 1, GENESIS)
 
 
 def admitted(committee: Committee, base: str, announced: Iterable[str]) -> frozenset[str]:

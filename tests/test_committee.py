@@ -35,6 +35,20 @@ def test_a_pool_no_larger_than_the_budget_fills_the_role_whole() -> None:
     assert cm.draw(cm.Budget(), 3, "h", POOL) is None  # no budget: everyone contributes
 
 
+def test_a_peer_draws_round_r_from_its_state_after_r_minus_lag_and_before_that_from_nothing() -> None:
+    """The lag is what lets a drawn peer know it is drawn before it computes: the state after round r - 1 is
+    not decided yet when round r's compute starts, so it must not move round r's draw."""
+    hashes, ledgers = {8: "hash-8", 9: "hash-9"}, {8: frozenset(POOL), 9: frozenset(POOL[:3])}
+    got = cm.of_round(BUDGET, 10, hashes, ledgers)
+    assert got == cm.draw(BUDGET, 10, "hash-8", POOL)
+    assert cm.of_round(BUDGET, 10, {**hashes, 9: "other"}, {**ledgers, 9: frozenset()}) == got
+    assert cm.of_round(BUDGET, 10, {**hashes, 8: "other"}, ledgers) != got
+    for first in range(cm.LAG):  # the run's first rounds: every contributor is a newcomer
+        early = cm.of_round(BUDGET, first, {}, {})
+        assert early == cm.draw(BUDGET, first, cm.GENESIS, ()) and early.pool == frozenset()
+    assert cm.base(10, hashes) == "hash-9" and cm.base(0, hashes) == cm.GENESIS
+
+
 def test_a_budget_names_both_roles_or_neither() -> None:
     for bad in ({"contributors": 4}, {"witnesses": 4}, {"contributors": -1, "witnesses": 4}):
         with pytest.raises(ValueError):

@@ -127,7 +127,8 @@ def run_local_sgd(cfg: Config, s: BenchSettings, name: str, on_round: Callable[[
     ``budget``, only the drawn contributors and admitted newcomers send; the others sit the round out."""
     engines = [Engine(cfg, peer_index=i, device=s.device) for i in range(replicas or s.replicas)]
     keys = [f"replica-{i}" for i in range(len(engines))]
-    hashes, pools = {-1: "genesis"}, {-1: frozenset[str]()}  # after round r, as every replica holds them
+    hashes: dict[int, str] = {}  # after round r, as every replica holds them
+    pools: dict[int, frozenset[str]] = {}
     curve = [(0, engines[0].evaluate(s.eval_batches))]
     tokens, applied, sent, t0 = 0, 0, 0, time.perf_counter()
     for r in range(s.rounds):
@@ -135,10 +136,9 @@ def run_local_sgd(cfg: Config, s: BenchSettings, name: str, on_round: Callable[[
             tokens += e.inner_round().tokens
         senders = set(keys)
         if budget is not None:
-            lag = max(r - committee.LAG, -1)
-            drawn = committee.draw(budget, r, hashes[lag], pools[lag])
+            drawn = committee.of_round(budget, r, hashes, pools)
             assert drawn is not None
-            senders = committee.admitted(drawn, hashes[r - 1], [k for k in keys if drawn.sends(k)])
+            senders = committee.admitted(drawn, committee.base(r, hashes), [k for k in keys if drawn.sends(k)])
         payloads = []
         for key, e in zip(keys, engines):
             if key in senders:

@@ -276,7 +276,7 @@ class VPeer:
     id: str
     slowness: float
     lie: str = ""  # its policy ('' honest)
-    hashes: dict[int, str] = field(default_factory=lambda: {-1: "genesis"})
+    hashes: dict[int, str] = field(default_factory=lambda: {-1: committee.GENESIS})
     applied: dict[int, bytes] = field(default_factory=dict)
     cores: dict[int, core.RoundCore] = field(default_factory=dict)
     newest: int = -1  # max(cores): the newest round it opened
@@ -359,7 +359,6 @@ class Simulation:
         self.sources = random.Random(f"{sc.seed}/sources")  # which holder a fetcher turns to
         self.blob_cap = max(1, BLOB_BUDGET // max(1, sc.update_bytes))  # updates a peer's blob store holds
         self.budget = committee.Budget(*sc.committee)
-        self._drawn: dict[tuple[int, str, frozenset[str]], committee.Committee | None] = {}  # one draw per state
         self.now, self.events, self._seq = 0.0, 0, 0
         self._heap: list[tuple[float, int, Callable[..., None], tuple]] = []  # (time, seq, fn, args)
         self.decided: dict[tuple[int, str, int], bytes] = {}  # (round, chain, side) -> the first set applied on it
@@ -683,7 +682,7 @@ class Simulation:
         ahead of its own (Peer start-up: Sync.level), and trains on from there."""
         p.alive, p.done, p.gen, p.incarnation = True, False, p.gen + 1, p.incarnation + 1
         if fresh:
-            p.hashes, p.applied, p.ledger, p.reputation, p.pools = {-1: "genesis"}, {}, {}, Reputation(), {}
+            p.hashes, p.applied, p.ledger, p.reputation, p.pools = {-1: committee.GENESIS}, {}, {}, Reputation(), {}
         p.senders, p.step_s, p.told, p.workers = frozenset(), 0.0, {}, {}  # in memory only (its step time: anew)
         p.records, p.cores, p.newest, p.offer, p.held, p.views = {}, {}, -1, None, p.held + 1, {}
         p.records_of, p.announcers_of, p.weights = defaultdict(list), defaultdict(dict), defaultdict(dict)
@@ -1089,14 +1088,7 @@ class Simulation:
 
     def _committee(self, p: VPeer, r: int) -> committee.Committee | None:
         """Round r's committee as p draws it: from the state after round r - LAG, its hash and its pool."""
-        if not self.budget.drawn:
-            return None
-        k = r - committee.LAG
-        key = (r, p.hashes.get(k, "genesis"), p.pools.get(k, frozenset()))
-        got = self._drawn.get(key)
-        if got is None:
-            got = self._drawn[key] = committee.draw(self.budget, r, key[1], key[2])
-        return got
+        return committee.of_round(self.budget, r, p.hashes, p.pools)
 
     def _fetches(self, q: VPeer, r: int, p: VPeer) -> bool:
         """Whether q fetches p's update of round r: always without a committee; with one, a drawn contributor's,
@@ -1109,7 +1101,7 @@ class Simulation:
         ranking = q.rankings.get(r)
         if ranking is None:
             q.rankings = {k: v for k, v in q.rankings.items() if k >= r - 2}
-            ranking = q.rankings[r] = committee.Ranking(drawn, p.hashes.get(r - 1, "genesis"))
+            ranking = q.rankings[r] = committee.Ranking(drawn, committee.base(r, p.hashes))
         return ranking.add(p.id)[0]
 
     def _announced(self, p: VPeer, r: int) -> dict[str, float]:

@@ -992,9 +992,9 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=4096, 
                  round_s: float = typer.Option(2.0, "--round-s", min=0.01, metavar="SECONDS",
                                                help="--virtual: a median peer's inner steps of one round."),
                  committee: Optional[str] = typer.Option(None, "--committee", metavar="K,W,J",
-                                                         help="--virtual: draw K contributors, W witnesses and J "
-                                                              "newcomer slots a round (protocol/committee.py) "
-                                                              "instead of all-to-all."),
+                                                         help="Draw K contributors, W witnesses and J newcomer "
+                                                              "slots a round (protocol/committee.py) instead of "
+                                                              "all-to-all: the committee.* settings."),
                  verbose: bool = VerboseOpt) -> None:
     """Start a bootstrap and N peers as processes on this machine, show them live, print a summary."""
     import shutil
@@ -1010,13 +1010,19 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=4096, 
         _simulate_virtual(peers, rounds, seed or 0, config, set_ or [], faults_spec, late_records, as_json,
                           model_params, round_s, committee)
         return
-    if committee is not None:
-        typer.echo("error: --committee: --virtual only (the node does not draw committees yet)", err=True)
-        raise typer.Exit(2)
     if peers > 64:
         typer.echo("error: --peers: at most 64 processes on one machine (--virtual runs more)", err=True)
         raise typer.Exit(2)
     overrides = [*(set_ or []), f"checkpoint.keep={keep_checkpoints}"]
+    if committee is not None:
+        from gradnode.node.sim.virtual import parse_committee
+
+        try:
+            k, w, j = parse_committee(committee)
+        except ValueError as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(2) from None
+        overrides += [f"committee.contributors={k}", f"committee.witnesses={w}", f"committee.newcomers={j}"]
     _load(config, overrides)  # fail fast on a bad config, before any process starts
     _setup_logging(verbose)
     _check_plot(plot_path)

@@ -13,10 +13,13 @@ import ipaddress
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+if TYPE_CHECKING:
+    from gradnode.protocol.committee import Budget
 
 
 class ConfigError(ValueError):
@@ -235,6 +238,26 @@ _MADDR_VALUE = {"ip4": lambda v: _ip(v, 4), "ip6": lambda v: _ip(v, 6),
                 "host": lambda v: re.fullmatch(r"[A-Za-z0-9.-]{1,253}", v) is not None, "peer": peer_id_ok}
 
 
+class CommitteeConfig(_Section):
+    """A round's committee (protocol/committee.py): with ``contributors`` set, a round takes the updates of
+    that many keys drawn from the ledger, plus ``newcomers`` new keys, and ``witnesses`` drawn keys decide it."""
+
+    contributors: int = Field(0, ge=0, le=4096, description="Updates drawn from the ledger per round; 0: every "
+                                                             "peer sends and every recent contributor witnesses.")
+    witnesses: int = Field(0, ge=0, le=4096, description="Witnesses drawn per round, whose reports decide it.")
+    newcomers: int = Field(0, ge=0, le=4096, description="Updates per round from keys outside the ledger.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "CommitteeConfig":
+        self.budget()  # its own checks
+        return self
+
+    def budget(self) -> "Budget":
+        from gradnode.protocol.committee import Budget
+
+        return Budget(self.contributors, self.witnesses, self.newcomers)
+
+
 class SwarmConfig(_Section):
     initial_peers: list[str] = Field(default_factory=list, description="Multiaddrs of known peers (bootstrap).")
     host_maddrs: list[str] = Field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"],
@@ -405,6 +428,7 @@ class Config(_Section):
     inner: InnerConfig = Field(default_factory=InnerConfig)
     codec: CodecConfig = Field(default_factory=CodecConfig)
     outer: OuterConfig = Field(default_factory=OuterConfig)
+    committee: CommitteeConfig = Field(default_factory=CommitteeConfig)
     swarm: SwarmConfig = Field(default_factory=SwarmConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
@@ -498,7 +522,7 @@ def with_overrides(data: dict[str, Any], overrides: dict[str, Any] | None) -> di
 # The values every peer of a run must hold alike (a genesis fixes them); device, data and swarm settings
 # are each peer's own.
 _LOCAL = {"inner": {"device", "bf16"}}
-_SHARED_SECTIONS = ("model", "codec", "outer", "inner")
+_SHARED_SECTIONS = ("model", "codec", "outer", "inner", "committee")
 
 
 def shared_rules(cfg: Config) -> dict[str, Any]:

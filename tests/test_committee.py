@@ -355,6 +355,11 @@ def test_simulate_virtual_takes_a_committee_and_refuses_a_bad_one() -> None:
     assert ok.exit_code == 0, ok.output
     out = json.loads(ok.output.strip().splitlines()[-1])
     assert out["scenario"]["committee"] == [4, 6, 1] and out["violations"] == [] and out["final_hashes"] == 1
-    for bad in (["--virtual", "--committee", "4,0,1"], ["--virtual", "--committee", "four"], ["--committee", "4,6,1"]):
-        got = runner.invoke(app, ["simulate", "--peers", "4", *bad])
+    sets = ["--set", "committee.contributors=4", "--set", "committee.witnesses=6", "--set", "committee.newcomers=1"]
+    by_config = runner.invoke(app, ["simulate", "--virtual", "--peers", "12", "--rounds", "4", *sets, "--json"])
+    assert by_config.exit_code == 0, by_config.output
+    same = json.loads(by_config.output.strip().splitlines()[-1])
+    assert same["scenario"] == out["scenario"] and same["final_hashes"] == 1  # the config's section, the same run
+    for bad in (["--virtual", "--committee", "4,0,1"], ["--virtual", "--committee", "four"], ["--committee", "4,0,1"]):
+        got = runner.invoke(app, ["simulate", "--peers", "4", *bad])  # refused before any process starts
         assert got.exit_code == 2 and "--committee" in got.output, (bad, got.output)

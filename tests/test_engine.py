@@ -178,6 +178,50 @@ def test_the_contributors_ledger_is_shared_state_and_travels_with_it() -> None:
     assert e.contributors == {}
 
 
+def test_the_state_one_round_back_is_shared_state_and_the_committee_is_drawn_from_it() -> None:
+    """A peer that adopts the state after round r computes round r + 1, whose committee is drawn from the
+    state after round r - 1 (protocol/committee.py, LAG = 2): a state it never held. So every state names
+    the one before it (its hash and its contributors), under the state hash: a joiner draws what the others
+    draw, and an offer that lies about the state before it is refused like any other."""
+    from gradnode.protocol import committee as cm
+
+    cfg, budget = tiny_config(), cm.Budget(1, 1, 0)
+    engines = [Engine(cfg, peer_index=i) for i in range(2)]
+    assert engines[0].previous.hash == cm.GENESIS and engines[0].committee(budget).pool == frozenset()
+    hashes: dict[int, str] = {}
+    for r in range(3):
+        updates = []
+        for i, e in enumerate(engines):
+            e.inner_round()
+            updates.append(decode_update(e.make_update(sender=f"peer-{i}")))
+        before, ledger = engines[0].state_hash(), frozenset(engines[0].contributors)
+        for e in engines:
+            e.apply_aggregate(updates[: 1 + (r > 0)])
+        hashes[r] = engines[0].state_hash()
+        assert engines[0].previous.hash == before and engines[0].previous.pool == ledger
+    e = engines[0]  # round 3's committee: from the state after round 1, whose ledger held peer-0 and peer-1
+    assert e.committee(budget) == cm.draw(budget, 3, hashes[1], {"peer-0", "peer-1"})
+    joiner = Engine(cfg, peer_index=7)
+    joiner.load_shared_state(e.shared_state())
+    assert joiner.state_hash() == e.state_hash() and joiner.committee(budget) == e.committee(budget)
+    lying = Engine(cfg, peer_index=8)
+    lying.load_shared_state({**e.shared_state(), "previous": {"hash": hashes[1], "pool": ["peer-1"]}})
+    assert lying.param_hash() == e.param_hash() and lying.state_hash() != e.state_hash()
+    for bad in (None, {"hash": 1, "pool": []}, {"hash": "h", "pool": [""]}, {"hash": "h", "pool": "peer-0"}):
+        with pytest.raises(ValueError, match="previous"):
+            Engine(cfg).load_shared_state({**e.shared_state(), "previous": bad})
+    # the hash it names is of the state as it was, even when the weights moved after their last hash
+    from gradnode.node.config import SwarmConfig
+    from gradnode.node.swarm import adversary
+
+    before = e.state_hash()
+    adversary.drift(SwarmConfig(fault="drift", fault_round=3), 3, e)
+    copy = Engine(cfg, peer_index=6)
+    copy.load_shared_state(e.shared_state())
+    e.apply_aggregate([])
+    assert e.previous.hash == copy.state_hash() != before
+
+
 def _sat_out(undrawn: str) -> tuple[Engine, dict[str, torch.Tensor], int]:
     """A peer that trains a round, sits it out as ``undrawn`` says, and takes the others' aggregate (none)."""
     e = Engine(tiny_config(outer={"algorithm": "sparseloco", "undrawn": undrawn}))

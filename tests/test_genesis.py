@@ -67,6 +67,9 @@ def test_a_peer_takes_the_run_id_and_must_hold_the_runs_rules(tmp_path: Path) ->
     assert load_config(None, overrides | {"inner.device": "cpu", "swarm.min_peers": 3}).run.run_id == run_id
     with pytest.raises(ConfigError, match=r"1 rule\(s\): inner.lr: run has 0.003, this config 0.1"):
         load_config(None, overrides | {"inner.lr": 0.1})
+    # a peer drawing another committee would count other witnesses: the genesis fixes the budget too
+    with pytest.raises(ConfigError, match=r"committee.contributors: run has 0, this config 4"):
+        load_config(None, overrides | {"committee.contributors": 4, "committee.witnesses": 8})
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(None, overrides | {"run.genesis": str(tmp_path / "missing.json")})
 

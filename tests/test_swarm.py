@@ -364,3 +364,32 @@ def test_who_asks_whether_the_run_is_over_while_waiting_for_peers(tmp_path, monk
     peer, asked = waited([4, 5], resumed=True, says=over, silent=peer_module.UNSURE_LOOKS + 1)  # a dead initial peer
     assert len(asked) == 2 + peer_module.UNSURE_LOOKS and not peer.stop.is_set() and peer.run_over is None
     assert waits == [5.0, 5.0, 10.0, 20.0][:len(asked)], waits  # each look after an unanswered one waits longer
+
+
+def test_a_committee_swarm_applies_its_drawn_updates_only_and_ends_on_one_hash(run_swarm, metrics_of) -> None:
+    """Five real peers under a committee of one contributor, three witnesses and one newcomer slot a round
+    (committee.*): every peer draws the same committee from the state two rounds back, fetches and applies
+    the drawn contributor's update and at most the round's newcomer slots from outside the pool, sits the
+    other rounds out, and all end on one hash."""
+    summary = run_swarm(peers=5, rounds=6, extra=["committee.contributors=1", "committee.witnesses=3",
+                                                  "committee.newcomers=1"])
+    peers = summary["peers"]
+    assert summary["live_peers"] == 5 and summary["identical_hashes"], explain(summary)
+    assert all(p["rounds"] == 6 for p in peers), explain(summary)
+    assert summary["val_loss_last"] < summary["val_loss_first"]
+    by_round: dict[int, list[dict]] = {}
+    for p in peers:
+        for row in metrics_of(summary, p["index"]):
+            by_round.setdefault(row["round"], []).append(row)
+    for r, rows in by_round.items():
+        drawn = {(tuple(x["committee"]["contributors"]), tuple(x["committee"]["witnesses"])) for x in rows}
+        assert len(drawn) == 1, (r, drawn)  # one committee, whoever drew it
+        for row in rows:
+            c = row["committee"]
+            assert len(c["contributors"]) <= 1 and len(c["witnesses"]) <= 3, (r, c)
+            assert set(row["senders"]) <= set(c["contributors"]) | set(c["newcomers"]), (r, row["senders"], c)
+            assert len(c["newcomers"]) <= c["slots"], (r, c)
+    pool = max(rows[0]["committee"]["pool"] for rows in by_round.values())
+    assert pool >= 1, by_round  # a round was drawn from a ledger
+    if pool >= 2:  # a key of the pool was left out of a round: it sent nothing (or was too slow to)
+        assert sum(p["undrawn"] + p["abstained"] for p in peers) >= 1, explain(summary)

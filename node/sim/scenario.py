@@ -12,9 +12,11 @@ from gradnode.node.swarm.clock import params
 
 def of_config(cfg: Config, *, model_params: int | None = None, **fields: Any) -> Scenario:
     """The virtual simulator's scenario for a run of ``cfg``: its swarm's deadline settings, record ttl, inner
-    steps and copy budget, and its model's update size (or that of ``model_params`` parameters); ``fields``
+    steps, copy budget and committee, and its model's update size (or that of ``model_params`` parameters); ``fields``
     set the rest (peers, rounds, seed, faults, compute_s, ...)."""
-    sw = cfg.swarm
+    sw, c = cfg.swarm, cfg.committee
+    if c.contributors:  # the config's committee, unless the fields name one
+        fields.setdefault("committee", (c.contributors, c.witnesses, c.newcomers))
     return Scenario(params=params(sw), record_ttl_s=sw.record_ttl_s, inner_steps=cfg.inner.steps,
                     min_steps=min(sw.min_steps, cfg.inner.steps), own_copies=sw.own_update_copies,
                     min_peers=sw.min_peers,

@@ -603,6 +603,7 @@ def collect(s: SimSettings, seconds: float, starts: dict[str, list[int]] | None 
                       "own_update_bytes_up": d.get("own_update_bytes_up", 0),
                       "clock_ahead_s": d.get("clock_ahead_s"), "clock_error_s": d.get("clock_error_s"),
                       "contributed": d.get("contributed", 0), "abstained": d.get("abstained", 0),
+                      "undrawn": d.get("undrawn", 0),
                       "phase_s_per_round": d.get("phase_s_per_round", {}), "hashes": d["hashes"],
                       **_traffic(d, rows), **life})
     rounds = max((p.get("rounds", 0) for p in peers), default=0)

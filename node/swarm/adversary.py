@@ -224,7 +224,7 @@ def future(engine: Any) -> tuple[dict[str, Any], str, int]:
     state = engine.shared_state()
     round_ = engine.round + FUTURE_ROUNDS
     state_hash = shared_state_hash(engine.cfg.run.run_id, round_, state["global_params"], state["outer"]["buffers"],
-                                   state["contributors"], state["reputation"])
+                                   state["contributors"], state["reputation"], engine.previous)
     return {**state, "round": round_}, state_hash, round_
 
 
@@ -241,6 +241,7 @@ def drift(sw: SwarmConfig, round_: int, engine: Any) -> None:
     must notice and re-sync it from the majority."""
     if sw.fault == "drift" and round_ == sw.fault_round:
         engine.global_params[engine.names[0]].add_(1e-3)
+        engine.changed()
 
 
 FLOOD_KEYS = 8  # identities the 'flood' attacker makes in bulk: more than the honest peers of a test swarm

@@ -44,6 +44,7 @@ from gradnode.node.swarm.clock import params
 from gradnode.node.swarm.equivocation import Equivocators
 from gradnode.node.swarm.membership import Membership
 from gradnode.protocol import round as core
+from gradnode.protocol.committee import Committee
 from gradnode.protocol.records import (
     MAX_PEERS_PER_ROUND,
     MAX_RECORD_BYTES,
@@ -85,13 +86,14 @@ class Agreement:
     def __init__(self, *, members: Membership, cfg: SwarmConfig, run_id: str, round_: int, me: str,
                  eligible: list[str] | None, witness: bool, round_seconds: float, leaving: threading.Event,
                  base: str, equivocators: Equivocators | None = None, start: float | None = None,
-                 sender: bool | None = None) -> None:
+                 sender: bool | None = None, committee: Committee | None = None) -> None:
         self.members, self.cfg, self.run_id, self.round, self.me = members, cfg, run_id, round_, me
         self.base, self.witness, self.leaving = base, witness, leaving
         self.equivocators = equivocators or Equivocators(members, run_id)
         self.core = core.RoundCore(params(cfg), round_, me, frozenset(eligible or ()),
                                    witness if sender is None else sender, base, round_seconds,
-                                   time.monotonic() if start is None else start, witness=witness)
+                                   time.monotonic() if start is None else start, witness=witness,
+                                   committee=committee)
         self.verdict: Verdict | None = None  # the first count's set (None: undecided)
         # how the first count ended (core.Decided.how); None while undecided, and when called off (``decide``)
         self.ended: core.HowDecided | None = None

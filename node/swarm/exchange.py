@@ -48,6 +48,7 @@ from gradnode.node.swarm.membership import Membership, kept_for_catchup
 from gradnode.node.swarm.rules import JUDGEMENTS, UpdateRules
 from gradnode.node.swarm.transport import Transport
 from gradnode.protocol import round as core
+from gradnode.protocol.committee import Committee, Ranking
 from gradnode.protocol.records import (
     MAX_PEERS_PER_ROUND,
     Holdings,
@@ -141,18 +142,22 @@ class RoundExchange(threading.Thread):
                  rejections: Rejections, stop: threading.Event, base: str, eligible: list[str] | None = None,
                  leaving: threading.Event | None = None, witness: bool = True,
                  equivocators: Equivocators | None = None,
-                 judge: Callable[[Any, float | None], str | None] | None = None) -> None:
+                 judge: Callable[[Any, float | None], str | None] | None = None,
+                 committee: Committee | None = None) -> None:
         super().__init__(name=f"exchange-{round_}", daemon=True)
         self.transport, self.members, self.cfg, self.run_id = transport, membership, cfg, run_id
         self.round, self.blob, self.tokens, self.round_seconds = round_, blob, tokens, round_seconds
         self.rules, self.rejections, self.stop_event = rules, rejections, stop
         self.judge = judge  # the witness's loss check of another peer's update: a rejection reason, or None
         self.me = transport.peer_id
-        self.observer = blob is None  # no update of its own: it reports nothing, and counts the others' reports
+        self.observer = blob is None  # no update of its own: it counts the others' reports
+        # an observer reports nothing, but for a drawn witness of a committee's round it sat out
+        self.committee = committee  # the round's drawn committee (protocol/committee.py); None: everyone sends
         self.agreement = Agreement(members=membership, cfg=cfg, run_id=run_id, round_=round_, me=self.me,
-                                   eligible=eligible, witness=not self.observer and witness,
+                                   eligible=eligible, witness=witness and (not self.observer or committee is not None),
                                    round_seconds=round_seconds, leaving=leaving or threading.Event(), base=base,
-                                   equivocators=equivocators, sender=not self.observer)
+                                   equivocators=equivocators, sender=not self.observer, committee=committee)
+        self._ranking: Ranking | None = None  # the newcomers this peer fetches (``_admits``)
         self.digest = hashlib.sha256(blob).hexdigest() if blob is not None else ""
         self.verified: dict[str, _Verified] = {}
         self.announced: dict[str, UpdateAnnouncement] = {}
@@ -329,12 +334,25 @@ class RoundExchange(threading.Thread):
             self.announced[ann.sender] = ann
             now = time.monotonic()
             self._events.append(core.Announced(now, ann.sender, now))
-            if ann.sender != self.me:
+            if ann.sender != self.me and self._admits(ann.sender):
                 self._start_fetch(ann.sender, ann.digest, time.monotonic() + self.cfg.max_wait_s)
                 if adversary.claim(self.cfg, self.round, self.transport.blobs,
                                    update_name(self.run_id, self.round, ann.sender), ann.size):
                     self._claiming = True
                     self._write_holdings()
+
+    def _admits(self, sender: str) -> bool:
+        """Whether this peer fetches ``sender``'s update: always without a committee; with one, a drawn
+        contributor's, or a newcomer's ranked among the admitted when it is seen (the round core's rule,
+        ``committee.Ranking``). An undrawn key of the pool costs nothing but its announcement."""
+        c = self.committee
+        if c is None or sender in c.contributors:
+            return True
+        if sender in c.pool:
+            return False
+        if self._ranking is None:
+            self._ranking = Ranking(c, self.agreement.base)
+        return self._ranking.add(sender)[0]
 
     def _holders(self, sender: str, digest: str) -> Callable[[], list[tuple[str, list[str]]]]:
         fp = fingerprint(sender, digest)

@@ -52,6 +52,7 @@ from gradnode.node.swarm.report import PeerSummary, Phases, Tally, append_metric
 from gradnode.node.swarm.sync import Sync
 from gradnode.node.swarm.transport import Transport, TransportError
 from gradnode.protocol import peer as peer_core
+from gradnode.protocol.committee import Committee
 from gradnode.protocol import skew
 from gradnode.protocol import sync as sync_rules
 from gradnode.protocol import votes
@@ -464,9 +465,18 @@ class Peer:
         return stats
 
     def _publish(self, tokens: int) -> RoundExchange:
-        """Make, sign and announce this round's update; its exchange runs in the background."""
+        """Make, sign and announce this round's update; its exchange runs in the background. A key of the
+        pool that the round's committee did not draw sends nothing: its work waits as ``outer.undrawn`` says,
+        and it observes the round (as a witness, when drawn as one)."""
         from gradnode.protocol import attach_signature, signing_digest
 
+        drawn = self.engine.committee(self.cfg.committee.budget())
+        if drawn is not None and not drawn.sends(self.identity.peer_id):
+            self.engine.sit_out()
+            self.tally.undrawn += 1
+            log.info("round=%d undrawn: observing it (%s)", self.engine.round,
+                     "a drawn witness" if self.identity.peer_id in drawn.witnesses else "not a witness")
+            return self._exchange(self.engine.round, None, 0, witness=True)
         blob = self.engine.make_update(sender=self.identity.peer_id)
         blob = attach_signature(blob, self.identity.sign(signing_digest(blob)))
         blob = adversary.sent_update(self.sw, self.engine.round, blob, self.cfg.run.output_dir, self.identity.sign,
@@ -488,16 +498,23 @@ class Peer:
         """The chain round ``round_``'s reports are made on: the state the previous round agreed on (ours, now)."""
         return self.history.hashes.get(round_ - 1) or self.engine.state_hash()
 
-    def _exchange(self, round_: int, blob: bytes | None, tokens: int) -> RoundExchange:
+    def _exchange(self, round_: int, blob: bytes | None, tokens: int, witness: bool = False) -> RoundExchange:
+        """Round ``round_``'s exchange, with this peer's update ``blob`` (None: it observes). It witnesses
+        when it sends, or (``witness``) when it sits out a round whose committee drew it as a witness."""
         assert self.engine.round == round_, (self.engine.round, round_)
         base = self._chain_base(round_)
+        drawn = self.engine.committee(self.cfg.committee.budget())
+        eligible = eligible_witnesses(self.engine.contributors, round_)
+        witness = blob is not None or witness
+        if drawn is not None and drawn.pool:  # its drawn witnesses, and none of the others
+            eligible, witness = sorted(drawn.witnesses), witness and self.identity.peer_id in drawn.witnesses
         # a report is final: back from a restart within a round it reported on, a peer does not report again
-        witness = blob is not None and self.own_reports.first(round_, base)
+        witness = witness and self.own_reports.first(round_, base)
         ex = RoundExchange(transport=self.transport, membership=self.membership, cfg=self.sw,
                            run_id=self.cfg.run.run_id, round_=round_, blob=blob, tokens=tokens,
                            round_seconds=self.clock.round_seconds(), rules=self.rules, rejections=self.rejections,
                            stop=threading.Event(), base=base, leaving=self.leaving, witness=witness,
-                           eligible=eligible_witnesses(self.engine.contributors, round_),
+                           eligible=eligible, committee=drawn,
                            equivocators=self.equivocators, judge=self._judge(round_))
         ex.start()
         return ex
@@ -644,7 +661,7 @@ class Peer:
             self.val_last = self.engine.evaluate()
             log.info("round=%d val_loss=%.4f", ex.round, self.val_last,
                      extra=events.tag(Kind.EVAL, rounds_applied=ex.round + 1, val_loss=self.val_last))
-        self._write_metrics(ex.round, outcome, wait)
+        self._write_metrics(ex.round, outcome, wait, ex.committee)
 
     def _return_own(self, ex: RoundExchange) -> None:
         """Error feedback for an excluded update: add what we sent back onto ``start`` so the next
@@ -1008,9 +1025,14 @@ class Peer:
         g.waiting_for_peers = self.waiting
         g.hash_agrees = self.chains.on_winner if self.history.hashes else None
 
-    def _write_metrics(self, round_: int, outcome: Outcome, wait: float) -> None:
+    def _write_metrics(self, round_: int, outcome: Outcome, wait: float, drawn: Committee | None = None) -> None:
         t, stats = self.tally, self.last_stats
         self._refresh_gauges()
+        # the round's committee as this peer drew it (its size is the budget's, never N's): the applied senders
+        # are its contributors and at most ``slots`` newcomers from outside its pool
+        committee_ = None if drawn is None else {
+            "contributors": sorted(drawn.contributors), "witnesses": sorted(drawn.witnesses), "pool": len(drawn.pool),
+            "slots": drawn.newcomers, "newcomers": [s for s in outcome.senders if s not in drawn.pool]}
         row = {
             "round": round_, "loss": self.last_loss, "hash": self.history.hashes.get(round_),
             "applied": len(outcome.updates), "senders": outcome.senders, "witnesses": outcome.witnesses,
@@ -1030,7 +1052,8 @@ class Peer:
             "screened": {sc.sender: sc.reason for sc in self.engine.last_screens if sc.reason},
             "banned": self.engine.reputation.banned(),
             "val_loss": self.gauges.val_loss, "utilization": round(self.gauges.utilization(), 4),
-            "contributed": t.contributed, "excluded": t.own_excluded, "abstained": t.abstained}
+            "contributed": t.contributed, "excluded": t.own_excluded, "abstained": t.abstained,
+            "undrawn": t.undrawn, "committee": committee_}
         append_metrics(self.metrics_path, row)
         if self.sinks is not None:
             self.sinks.log(row)
@@ -1047,7 +1070,7 @@ class Peer:
             comm_wait_s_per_round_steady=(t.wait_s - t.drain_wait_s) / max(1, t.rounds_done - 1),
             rejected_updates=self.rejections.total(), rejected_by_sender=self.rejections.by_sender(),
             resyncs=t.resyncs, own_excluded=t.own_excluded, contributed=t.contributed, abstained=t.abstained,
-            hashes=dict(self.history.hashes), joined_round=t.joined_round, first_contribution=t.first_contribution,
+            undrawn=t.undrawn, hashes=dict(self.history.hashes), joined_round=t.joined_round, first_contribution=t.first_contribution,
             catchups=t.catchups, state_downloads=t.sync["downloads"], rejected_state_offers=t.sync["rejected_offers"],
             resumed_round=t.resumed_round, state_bytes_up=tr.state_bytes_up,
             own_update_bytes_up=tr.own_update_bytes_up, dht_reads=tr.dht_reads, dht_reads_shared=tr.reads_shared,

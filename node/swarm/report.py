@@ -36,6 +36,7 @@ class PeerSummary:
     own_excluded: int = 0
     contributed: int = 0  # rounds whose agreed set held this peer's update
     abstained: int = 0  # rounds this peer sat out to get back in phase (too slow for their deadline)
+    undrawn: int = 0  # rounds a committee left this peer out of: it sent nothing and observed them
     hashes: dict[int, str] = field(default_factory=dict)
     joined_round: int = 0  # the first round this process trained (after resuming and syncing)
     first_contribution: int | None = None  # the first round whose agreed set held this peer's update
@@ -80,6 +81,7 @@ class Tally:
     own_excluded: int = 0
     contributed: int = 0
     abstained: int = 0
+    undrawn: int = 0
     catchups: int = 0
     joined_round: int = 0
     first_contribution: int | None = None

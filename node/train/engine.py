@@ -38,7 +38,7 @@ from gradnode.node.train.data import Batches, load_corpus
 from gradnode.node.train.inner import InnerTrainer, pick_device
 from gradnode.node.train.model import build_model
 from gradnode.node.train.outer import OuterOptimizer
-from gradnode.protocol import CodecParams, DecodedUpdate, aggregate, compress_with_feedback, encode_update
+from gradnode.protocol import CodecParams, DecodedUpdate, aggregate, committee, compress_with_feedback, encode_update
 from gradnode.protocol.feedback import fold
 from gradnode.protocol.reputation import Reputation
 from gradnode.protocol.robust import Screen, robust_aggregate, screen
@@ -46,8 +46,18 @@ from gradnode.protocol.votes import CONTRIBUTOR_ROUNDS  # the ledger remembers w
 
 log = logging.getLogger(__name__)
 
-STATE_VERSION = 2  # 2: the contributors ledger is shared state
+STATE_VERSION = 3  # 2: the contributors ledger is shared state; 3: so is the state one round back (``Previous``)
 MAX_CONTRIBUTORS = 65536  # entries a ledger from the network may hold
+
+
+@dataclass(frozen=True)
+class Previous:
+    """The state one round back, as the state after it names it: its hash and its contributors (keys only).
+    The committee of the round an engine computes next is drawn from it (protocol/committee.py, LAG = 2).
+    It is shared state, under the state hash, so a peer that adopts a state draws what the others draw."""
+
+    hash: str = committee.GENESIS
+    pool: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -125,16 +135,27 @@ def weights_hash(params: Mapping[str, Tensor]) -> str:
 
 
 def shared_state_hash(run_id: str, round_: int, params: Mapping[str, Tensor], outer: Mapping[str, Tensor],
-                      contributors: Mapping[str, int], reputation: Mapping[str, Any]) -> str:
+                      contributors: Mapping[str, int], reputation: Mapping[str, Any], previous: Previous) -> str:
     """What peers publish, compare and sync to (``Engine.state_hash``): the weights, the outer optimizer's
-    buffers, the contributors ledger and the reputation table (msgpack of their sorted items: one byte
-    string per table), the round and the run id."""
-    h = hashlib.sha256(f"gradnode-state/2/{run_id}/{round_}\n".encode())
+    buffers, the contributors ledger, the reputation table and the state one round back (msgpack of their
+    sorted items: one byte string per table), the round and the run id."""
+    h = hashlib.sha256(f"gradnode-state/{STATE_VERSION}/{run_id}/{round_}\n".encode())
     h.update(bytes.fromhex(weights_hash(params)))
     h.update(bytes.fromhex(weights_hash(outer)))
     h.update(msgpack.packb(sorted(contributors.items())))
     h.update(msgpack.packb([sorted(reputation["scores"].items()), sorted(reputation["recent"])]))
+    h.update(msgpack.packb([previous.hash, sorted(previous.pool)]))
     return h.hexdigest()
+
+
+def _previous(value: Any) -> Previous:
+    """The state one round back, read from a state from the network (checked): a hash and a key list."""
+    ok = isinstance(value, dict) and isinstance(value.get("hash"), str) and len(value["hash"]) <= 64 and \
+        isinstance(value.get("pool"), list) and len(value["pool"]) <= MAX_CONTRIBUTORS and \
+        all(isinstance(p, str) and 0 < len(p) <= 128 for p in value["pool"])
+    if not ok:
+        raise ValueError("shared state: malformed previous state")
+    return Previous(value["hash"], frozenset(value["pool"]))
 
 
 def _ledger(value: Any, round_: int) -> dict[str, int]:
@@ -204,6 +225,9 @@ class Engine:
         # the state hash) and what the rule decided about the last round's updates
         self.reputation = Reputation()
         self.last_screens: list[Screen] = []
+        self.previous = Previous()  # the state before the last round applied (GENESIS before any)
+        self._version = 0  # bumped by every change to the shared state (``changed``)
+        self._hashed: tuple[int, str] | None = None  # (version, state hash): the last hash computed, of that version
 
     # --- inner loop -------------------------------------------------------------------------------
 
@@ -291,6 +315,7 @@ class Engine:
         if weights is not None and len(weights) != len(updates):
             raise ValueError(f"{len(weights)} weights for {len(updates)} updates")
         self.last_screens = []
+        previous = Previous(self._state_hash_now(), frozenset(self.contributors))
         if updates:
             for u in updates:
                 self._check_update(u)
@@ -323,7 +348,9 @@ class Engine:
         screened = {sc.sender for sc in self.last_screens if sc.weight == 0.0}
         ledger = {**self.contributors, **{u.sender: self.round for u in updates if u.sender not in screened}}
         self.contributors = {p: r for p, r in ledger.items() if r > self.round - CONTRIBUTOR_ROUNDS}
+        self.previous = previous
         self.round += 1
+        self.changed()
         log.debug("outer round=%d updates=%d hash=%s", self.round - 1, len(updates), self.state_hash()[:12])
 
     def _unsafe(self, agg: dict[str, torch.Tensor]) -> str | None:
@@ -356,9 +383,30 @@ class Engine:
     def state_hash(self) -> str:
         """The hash peers publish, compare and sync to: all they share. The weights, the outer optimizer's
         state (DiLoCo's momentum: a donor with honest weights cannot hand out poisoned momentum under the
-        honest hash), the contributors ledger, the round, and the run id (with a genesis, its digest)."""
-        return shared_state_hash(self.cfg.run.run_id, self.round, self.global_params, self.outer.buffers,
-                                 self.contributors, self.reputation.to_dict())
+        honest hash), the contributors ledger, the state one round back, the round, and the run id (with a
+        genesis, its digest)."""
+        version = self._version  # read first: a change made meanwhile leaves the hash unremembered
+        h = shared_state_hash(self.cfg.run.run_id, self.round, self.global_params, self.outer.buffers,
+                              self.contributors, self.reputation.to_dict(), self.previous)
+        self._hashed = (version, h)
+        return h
+
+    def changed(self) -> None:
+        """Say that the shared state changed (every method here that changes it does): a state hash
+        computed before is no longer of this state."""
+        self._version += 1
+
+    def _state_hash_now(self) -> str:
+        """The state hash, without hashing the weights again when nothing changed since the last one (the
+        node hashes every state it applies: a 1B model's weights are 4 GB to hash)."""
+        if self._hashed is not None and self._hashed[0] == self._version:
+            return self._hashed[1]
+        return self.state_hash()
+
+    def committee(self, budget: committee.Budget) -> committee.Committee | None:
+        """The committee of the round this engine computes next (``self.round``), drawn from the state one
+        round back (None: no budget, everyone contributes)."""
+        return committee.draw(budget, self.round, self.previous.hash, self.previous.pool)
 
     def evaluate(self, batches: int | None = None) -> float:
         """The val loss of theta_g (node/train/evaluate.py: nats/byte on VAL_BYTES held-out bytes spread over the
@@ -396,7 +444,8 @@ class Engine:
         return {"version": STATE_VERSION, "run_id": self.cfg.run.run_id, "round": self.round,
                 "global_params": {n: self.global_params[n].clone() for n in self.names},
                 "outer": self.outer.state_dict(), "contributors": dict(self.contributors),
-                "reputation": self.reputation.to_dict()}
+                "reputation": self.reputation.to_dict(),
+                "previous": {"hash": self.previous.hash, "pool": sorted(self.previous.pool)}}
 
     @torch.no_grad()
     def load_shared_state(self, state: Mapping[str, Any], keep_progress: bool = False) -> None:
@@ -415,11 +464,13 @@ class Engine:
             raise ValueError("shared state does not match this model (check the model section of the config)")
         contributors = _ledger(state.get("contributors"), int(state["round"]))
         reputation = Reputation.from_dict(state.get("reputation"))
+        previous = _previous(state.get("previous"))
         progress = {n: self.params[n] - self.start[n] for n in self.names} if keep_progress else None
         self.global_params = {n: params[n].detach().float().cpu().clone() for n in self.names}
         self.outer.load_state_dict(state["outer"])
         self.contributors = contributors
         self.reputation = reputation
+        self.previous = previous
         self.round = int(state["round"])
         self.step = self.round * self.cfg.inner.steps
         if not keep_progress:
@@ -429,6 +480,7 @@ class Engine:
             theta = self.global_params[n].to(self.device)
             self.params[n].copy_(theta if progress is None else theta + progress[n])
             self.start[n].copy_(theta)
+        self.changed()
 
     # --- checkpoints ------------------------------------------------------------------------------
 

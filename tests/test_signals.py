@@ -208,8 +208,15 @@ def test_join_and_bootstrap_end_on_signals_to_the_group_and_to_the_process(tmp_p
         assert "rounds=" in join_log.read_text(), tail(join_log)  # its summary: it finished, not killed
         checkpoint.load_latest(tmp_path / "join" / "checkpoints")
         send(boot, signal.SIGINT, to_group=False)
-        assert ends(boot, boot_log) == 0, tail(boot_log)
+        # The joiner's departure reaches the bootstrap only when its DHT process stored it before the group's
+        # signal ended that process. Seen, the bootstrap finishes its round and exits 0. Not seen, it waits
+        # for the joiner's report until its grace ends it at once (node/shutdown.py): seen in a loaded
+        # container, exit 130 after 36 s. Either way it ends, nothing of its session is left, and its newest
+        # checkpoint is whole.
+        code = ends(boot, boot_log)
+        assert code == 0 or code == 128 + signal.SIGINT and "ending now" in boot_log.read_text(), tail(boot_log)
         assert newest_round(tmp_path / "boot") >= 1
+        checkpoint.load_latest(tmp_path / "boot" / "checkpoints")
     finally:
         for proc in (boot, joiner):
             if proc is not None and proc.poll() is None:

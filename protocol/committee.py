@@ -119,11 +119,12 @@ def of_round(budget: Budget, round_: int, hashes: Mapping[int, str],
     so the draw reads GENESIS and an empty pool (every early contributor is a newcomer). One draw per state
     is kept: every peer of a chain asks for the same one."""
     k = round_ - LAG
-    return _draw(budget, round_, hashes.get(k, GENESIS), ledgers.get(k, frozenset()))
+    return drawn_from(budget, round_, hashes.get(k, GENESIS), ledgers.get(k, frozenset()))
 
 
 @functools.lru_cache(maxsize=1024)
-def _draw(budget: Budget, round_: int, state_hash: str, ledger: frozenset[str]) -> Committee | None:
+def drawn_from(budget: Budget, round_: int, state_hash: str, ledger: frozenset[str]) -> Committee | None:
+    """``draw``, kept for the last states drawn from: a shell asks for one round's committee many times."""
     return draw(budget, round_, state_hash, ledger)
 
 

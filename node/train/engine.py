@@ -351,7 +351,8 @@ class Engine:
         self.previous = previous
         self.round += 1
         self.changed()
-        log.debug("outer round=%d updates=%d hash=%s", self.round - 1, len(updates), self.state_hash()[:12])
+        if log.isEnabledFor(logging.DEBUG):  # a hash of all the weights: not for a line nobody reads
+            log.debug("outer round=%d updates=%d hash=%s", self.round - 1, len(updates), self.state_hash()[:12])
 
     def _unsafe(self, agg: dict[str, torch.Tensor]) -> str | None:
         """Why this aggregate must not be applied (inf/NaN, or a step out of all proportion to the weights),
@@ -406,7 +407,7 @@ class Engine:
     def committee(self, budget: committee.Budget) -> committee.Committee | None:
         """The committee of the round this engine computes next (``self.round``), drawn from the state one
         round back (None: no budget, everyone contributes)."""
-        return committee.draw(budget, self.round, self.previous.hash, self.previous.pool)
+        return committee.drawn_from(budget, self.round, self.previous.hash, self.previous.pool)
 
     def evaluate(self, batches: int | None = None) -> float:
         """The val loss of theta_g (node/train/evaluate.py: nats/byte on VAL_BYTES held-out bytes spread over the

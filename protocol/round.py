@@ -21,8 +21,9 @@ report    A witness publishes what it verified (``PublishReport``); an observer 
 decide    The set is what a strict majority of the counted reports lists (protocol/witness.py); ``HowDecided``
           names the rule that ended the wait. The peer waits for every eligible witness that is not absent,
           up to a grace period (``max(commit_grace_s, window)``); past it, it asks the missing witnesses for
-          their reports directly (``AskWitnesses``: once, then it counts what it has, 'asked'; with nothing
-          to count yet, once a window, until a report comes); with no eligible witness heard two
+          their reports directly (``AskWitnesses``), then counts what it has ('asked', 'grace') if the
+          reports still missing cannot move the set (``unmoved``); else, or with nothing to count yet, it
+          asks again once a window; with no eligible witness heard two
           windows past the grace, the live trainers' reports count instead ('live fallback'); with none of
           those either and every other trainer two rounds ahead, the round is given up ('passed by'), as it
           is at the grace's end by a peer that is leaving with no report to count and no other trainer in
@@ -662,7 +663,7 @@ class RoundCore:
         grace_end = self._grace_end()
         max_wait_end = self.reported_at + self.params.max_wait_s
         counted = self._counted()
-        waiting = set(self.eligible) - set(self.reports) - self._absent() - {self.me}
+        waiting = self._waiting()
         if counted and not waiting:
             return self._end(HowDecided.ALL_REPORTED)
         if counted and now >= grace_end:
@@ -672,9 +673,12 @@ class RoundCore:
             if self.asked_at < self.reported_at:
                 self.asked_at, self.ask_until = now, now + min(self.window, ASK_S) + POLL_S  # a poll to answer in
                 return [AskWitnesses(tuple(sorted(waiting)), min(self.window, ASK_S))]
-            if now >= self.ask_until:  # the ask never came back
-                return self._end(HowDecided.GRACE)
-            return []
+            if now < self.ask_until:
+                return []
+            if self.unmoved(self._unreported(waiting)):  # the ask never came back, and what it would bring
+                return self._end(HowDecided.GRACE)  # cannot change the set
+            # else the missing reports could move the set: the peer waits on (asking again every window) up to
+            # max_wait_s, or its peer core re-syncs it once the others are ahead
         if not counted and self.leaving and now >= grace_end and not set(self.view.live) - {self.me}:
             # leaving, and so is every other trainer in sight (a whole swarm stopped at once: Ctrl+C on `gradnode
             # simulate`, `docker compose down`): nobody is left to report on this round. Waiting out max_wait_s
@@ -699,13 +703,44 @@ class RoundCore:
         return []
 
     def asked(self, now: float, got: list[Report]) -> list[Action]:
-        """The reports the witnesses served when asked (``AskWitnesses``); counted like the DHT's."""
+        """The reports the witnesses served when asked (``AskWitnesses``); counted like the DHT's. The count
+        ends here only if the reports still missing cannot move it."""
         out: list[Action] = []
         for r in got:
             out += self._seen(r)
-        if self.phase is Phase.DECIDING and self._counted() and not self._drawn():
+        if self.phase is Phase.DECIDING and self._counted() and not self._drawn() and \
+                self.unmoved(self._unreported(self._waiting())):
             return out + self._end(HowDecided.ASKED)
         return out + self.step(Tick(now))
+
+    def _waiting(self) -> set[str]:
+        """The eligible witnesses not heard from that the count waits for (not absent; not this peer)."""
+        return set(self.eligible) - set(self.reports) - self._absent() - {self.me}
+
+    def _unreported(self, waiting: set[str]) -> int:
+        """How many of ``waiting`` will report on this round: those that announced an update in it and are
+        still in sight, less those two rounds past it (they moved on, and a report they never made would
+        hold a peer left behind until max_wait_s)."""
+        return len((waiting & self.first_seen.keys() & set(self.view.present)) - set(self.view.ahead))
+
+    def unmoved(self, missing: int) -> bool:
+        """Whether ``missing`` more reports, whatever they list, leave the set that ``count`` gives unchanged:
+        every update counted is listed by a strict majority of all the reports even if none of the missing
+        lists it, and every other one misses that majority even if all of them do. Ending the count before
+        that split a round two ways: 31 peers counted 31 reports of their own update only and applied none,
+        while one that counted its own report alone applied its update."""
+        return self._remembered("unmoved", lambda: self._unmoved_now(missing), missing, self.live_fallback,
+                                self.eligible)
+
+    def _unmoved_now(self, missing: int) -> bool:
+        if missing == 0:
+            return True
+        counted = self._counted()
+        need = witness_rule.quorum(len(counted) + missing)
+        if missing >= need:  # the missing alone could put in an update nobody counted lists
+            return False
+        counts = Counter(fp for r in counted for fp in set(unpack(r.fps)))
+        return all(n >= need or n + missing < need for n in counts.values())
 
     def settle(self) -> tuple[bytes, int] | None:
         """The second count, just before the round is applied: the reports as they stand now. The first

@@ -112,7 +112,8 @@ def test_a_report_the_dht_does_not_show_is_read_from_its_witness(trio) -> None:
     the others had decided, fell behind, and the run ended split (CI, and --faults partition runs with one
     side faster). Every witness also serves its signed report; a peer that sees no report at its grace period
     asks the witnesses. Here a's report is only served, never stored in the DHT: c decides on it within the
-    grace period and a fetch. b serving a's report as its own is no report of b's, and counts for nothing."""
+    grace period and a fetch. b serving a's report as its own is no report of b's, and counts for nothing.
+    The count ends once the served reports leave nothing missing that could move it."""
     from gradnode.protocol.records import report_record_name
 
     a, b, c = trio
@@ -125,11 +126,15 @@ def test_a_report_the_dht_does_not_show_is_read_from_its_witness(trio) -> None:
     g = _agreement(mc, c.peer_id, [b.peer_id], witness=False, round_=16)
     assert g.ask({b.peer_id}, wait_s=30.0) == [] and g.reports() == {}  # not b's: refused
     a.blobs.put(report_record_name(RUN, 16, a.peer_id), signed.to_bytes())
+    # b serves its own report too: with b's report missing, a's alone could be outvoted, and no count stands
+    own = mb.sign(Report(run_id=RUN, round=16, witness=b.peer_id, base=BASE,
+                         included=pack([_update(a.peer_id), _update(b.peer_id)])))
+    b.blobs.put(report_record_name(RUN, 16, b.peer_id), own.to_bytes())
     assert mc.read("reports", 16, Report) == []  # the DHT shows none
     g = _agreement(mc, c.peer_id, [a.peer_id, b.peer_id], witness=False, round_=16, max_wait_s=60.0)
     _collected(g, [a.peer_id, b.peer_id])
     verdict, ended = _decide(g)
-    assert verdict is not None and verdict.witnesses == 1 and verdict.fps == pack([_update(a.peer_id)]), ended
+    assert verdict is not None and verdict.witnesses == 2 and verdict.fps == pack([_update(a.peer_id)]), ended
     assert ended is core.HowDecided.ASKED, ended  # read from its witness after the grace, not counted at max_wait_s
 
 

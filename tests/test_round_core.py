@@ -152,6 +152,45 @@ def test_settle_counts_a_report_that_came_after_the_first_count() -> None:
     assert n == 5 and fps != first and fps == pack((s, f"d{s}") for s in "abc")
 
 
+def test_no_count_stands_while_the_missing_reports_could_move_it() -> None:
+    """A count ends only when the reports still missing cannot change its set. Found at 64 peers (seed 39, round
+    12 of a split): one peer counted its own report alone and applied its update, while 31 peers counted 31
+    reports listing only their own and applied none. Here d is listed by 2 of 3 counted reports: in by 2 of 3, but
+    d's and e's reports, both announced and in sight, could leave it at 2 of 5, out."""
+    c = core()
+    c.own_update(0.0, "da")
+    for s in PEERS[1:]:
+        c.step(rc.Announced(0.1, s, 0.1))
+        c.step(rc.Verified(0.1, s, f"d{s}"))
+    c.step(rc.ReportSeen(0.2, report("b", ["a", "b", "c"])))
+    c.step(rc.ReportSeen(0.2, report("c", ["a", "b", "c", "d"])))
+    assert not c.unmoved(2) and c.unmoved(0)
+    grace_end = c.reported_at + 3.0 + rc.POLL_S
+    out = c.step(rc.Tick(grace_end))
+    assert [a.witnesses for a in out if isinstance(a, rc.AskWitnesses)] == [("d", "e")]
+    c.asked(grace_end, [])  # nothing came back: the set could still move, so nothing is decided
+    c.step(rc.Tick(c.ask_until))
+    assert c.decided is None
+    out = c.step(rc.Tick(c.asked_at + c.window))  # asked again a window later
+    assert "AskWitnesses" in kinds(out) and c.decided is None
+    c.step(rc.ReportSeen(grace_end + 3, report("d", ["a", "b", "c"])))  # d at 2 of 4, one still out: moved
+    assert c.decided is None
+    out = c.step(rc.ReportSeen(grace_end + 3, report("e", ["a", "b", "c", "d"])))
+    assert [(a.how, a.witnesses) for a in out if isinstance(a, rc.Decided)] == [(rc.HowDecided.ALL_REPORTED, 5)]
+    assert c.decided.fps == pack((s, f"d{s}") for s in "abcd")  # d listed by a, c and e: 3 of 5
+    # with no report coming at all, max_wait_s ends the wait, as it does for a round with nothing to count
+    late = core()
+    late.own_update(0.0, "da")
+    for s in PEERS[1:]:
+        late.step(rc.Announced(0.1, s, 0.1))
+        late.step(rc.Verified(0.1, s, f"d{s}"))
+    late.step(rc.ReportSeen(0.2, report("b", ["a", "b", "c"])))
+    late.step(rc.ReportSeen(0.2, report("c", ["a", "b", "c", "d"])))
+    late.step(rc.Tick(grace_end))  # asked, and nothing comes back
+    late.step(rc.Tick(late.reported_at + P.max_wait_s))
+    assert late.decided is not None and late.decided.how is rc.HowDecided.MAX_WAIT
+
+
 def test_peers_two_rounds_past_the_round_hold_no_deadline_off() -> None:
     """A peer left behind (after a healed split, or a long stall) is alone in its round: the others are two or
     more rounds past it and will never announce in it. Counted as live, they kept the deadline from falling

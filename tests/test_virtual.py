@@ -68,12 +68,15 @@ def test_records_late_as_often_as_the_dhts_split_no_round() -> None:
         self.asked_at, self.ask_until = max(self.asked_at, self.reported_at), -math.inf
         return decide(self, now)
 
+    unmoved = core.RoundCore.unmoved
     core.RoundCore._decide = never_asks  # type: ignore[method-assign]
+    core.RoundCore.unmoved = lambda self, missing: True  # type: ignore[method-assign]  # and counts at once
     try:
         out = virtual.run(virtual.Scenario(peers=16, rounds=20, seed=2))
     finally:
-        core.RoundCore._decide = decide  # type: ignore[method-assign]
-    assert out["violations"], "without the ask no late report split a round: the scenario no longer tests it"
+        core.RoundCore._decide, core.RoundCore.unmoved = decide, unmoved  # type: ignore[method-assign]
+    assert out["violations"], "without the ask and the unmoved count no late report split a round: the " \
+                              "scenario no longer tests it"
 
 
 def test_a_big_swarm_split_in_half_with_churn_applies_every_round_one_way() -> None:
@@ -86,6 +89,23 @@ def test_a_big_swarm_split_in_half_with_churn_applies_every_round_one_way() -> N
              "join:60@r3,slow:7x5"
     out = virtual.run(virtual.Scenario(peers=64, rounds=40, seed=11, **virtual.parse_faults(faults, 64)))
     assert out["violations"] == [] and out["final_hashes"] == 1 and not out["stalled"], out
+
+
+def test_no_count_ends_while_the_missing_reports_could_move_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same 64-peer scenario, seed 39: in round 12 the fetches of the 32-63 side queued past the deadline,
+    so each peer verified only its own update. One peer counted its own report alone and applied its update;
+    31 others counted 31 one-update reports and applied none (30 violations). A count ends now only when the
+    reports still missing cannot move its set (round.RoundCore.unmoved)."""
+    from gradnode.protocol import round as core
+
+    half = ",".join(map(str, range(32))), ",".join(map(str, range(32, 64)))
+    faults = virtual.parse_faults(f"partition:{half[0]}|{half[1]}@r10,heal@r20,kill:3@r5,restart:3@r8,"
+                                  "kill:40@r12,restart:40@r16,join:60@r3,slow:7x5", 64)
+    out = virtual.run(virtual.Scenario(peers=64, rounds=40, seed=39, **faults))
+    assert out["violations"] == [] and out["final_hashes"] == 1 and not out["stalled"], out
+    monkeypatch.setattr(core.RoundCore, "unmoved", lambda self, missing: True)
+    out = virtual.run(virtual.Scenario(peers=64, rounds=40, seed=39, **faults))
+    assert out["violations"], "without the rule the scenario splits no round: it no longer tests it"
 
 
 def test_a_report_that_comes_late_can_split_a_round_and_the_hash_check_repairs_it() -> None:

@@ -584,9 +584,10 @@ class RoundCore:
     def _counted_now(self) -> list[Report]:
         if self._drawn():  # a strict majority of the drawn witnesses, or nothing: a side of a split that holds
             # fewer decides nothing (two peers of one side counting two and three of its three reports applied
-            # two sets of one round), and no other key's report stands in for theirs
+            # two sets of one round), and no other key's report stands in for theirs. This peer's own report
+            # counts even when it reports no more (made before a restart: a report is final)
             witnesses = self.committee.witnesses
-            got = [r for w, r in sorted(self.reports.items()) if w in witnesses and w in self.eligible and not r.abstain]
+            got = [r for w, r in sorted(self.reports.items()) if w in witnesses and not r.abstain]
             return got if 2 * len(got) > len(witnesses) else []
         if self.no_ledger:  # every report on this chain: no ledger says who may witness (the view differs by what
             # records reached each peer), and a key that reports could as well publish a 'training' record

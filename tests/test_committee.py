@@ -231,6 +231,35 @@ def test_two_peers_counting_different_reports_apply_one_set() -> None:
     assert decided[0] is not None and decided[0][0] == decided[1][0] == only_g, decided
 
 
+def test_a_restarted_witness_counts_the_report_it_made_before_the_restart() -> None:
+    """A drawn witness that restarts mid-round reports nothing more (a report is final), but the one it made
+    before stands for every peer, itself included. Found in review: it left its own report out of its count, so
+    an update its report and two others listed (3 of 5, in for everyone else) was 2 of 4 for it, with nothing
+    missing: out, and it applied another set."""
+    c, pool = small()
+    me = sorted(c.witnesses - c.contributors)[0]
+    others = sorted(c.witnesses - {me})
+    every = sorted(c.contributors)
+    full, some = pack((k, f"d{k}") for k in every), pack((k, f"d{k}") for k in every[:-1])
+    sets = []
+    for restarted in (False, True):
+        core = core_of(me, c, pool)
+        if restarted:
+            core = rc.RoundCore(P, 7, me, c.witnesses, False, "h6", 2.0, 0.0, witness=False, committee=c)
+            core.step(rc.Members(0.0, rc.View(trainers=frozenset(pool) - {me}, counted=frozenset(pool) - {me},
+                                              present=frozenset(pool) - {me}, live=frozenset(pool))))
+        for k in every:
+            core.step(rc.Announced(0.3, k, 0.3))
+            core.step(rc.Verified(0.4, k, f"d{k}"))
+        seen = [(me, full), (others[0], full), (others[1], full), (others[2], some), (others[3], some)]
+        for who, fps in seen:
+            core.step(rc.ReportSeen(0.6, rc.Report(who, "h6", fps, digest=fps)))
+        core.step(rc.Tick(0.6 + P.max_wait_s + 10.0))
+        assert core.phase is rc.Phase.DECIDED, (restarted, core.decided)
+        sets.append(core.settle()[0])
+    assert sets == [full, full], [len(unpack(fps)) for fps in sets]
+
+
 def test_past_max_wait_a_witness_gone_from_sight_lists_nothing() -> None:
     """Five drawn witnesses: this peer and one more list an update, two leave it out, one is gone (its record
     expired). Until max_wait_s after this peer's report the gone witness's report could still put the update

@@ -135,6 +135,12 @@ class OuterConfig(_Section):
         1.0, gt=0.0, le=1e6, description="Every peer skips a round's outer step alike when its aggregate's norm "
                                          "exceeds this multiple of the shared weights' norm, or holds inf/NaN.")
 
+    @model_validator(mode="after")
+    def _check(self) -> "OuterConfig":
+        if self.undrawn == "feedback" and self.algorithm != "sparseloco":  # refused at load, not rounds later
+            raise ValueError("outer.undrawn='feedback' needs error feedback: outer.algorithm='sparseloco'")
+        return self
+
 
 _RATE_UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8,
                "b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 1024.0, "mib": 2.0**20, "gib": 2.0**30}

@@ -35,6 +35,8 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from math import comb, expm1, log1p
 
+from gradnode.protocol.records import MAX_PEERS_PER_ROUND
+
 LAG = 2  # the committee of round r is drawn from the state after round r - LAG
 GENESIS = "genesis"  # the hash a draw reads for a round before the run's first: no state, an empty pool
 
@@ -59,6 +61,11 @@ class Budget:
         if min(self.contributors, self.witnesses, self.newcomers) < 0 or \
                 (self.contributors > 0) != (self.witnesses > 0):
             raise ValueError(f"committee budget {self}: all >= 0, contributors and witnesses both set or both 0")
+        if self.contributors + self.newcomers > MAX_PEERS_PER_ROUND:
+            # a report lists the round's updates, at most the contributors and newcomers (a small pool's empty
+            # contributor slots go to newcomers), and a report listing more fails every reader's validation
+            raise ValueError(f"committee budget {self}: contributors + newcomers at most {MAX_PEERS_PER_ROUND}, "
+                             "the updates a report may list")
 
     @property
     def drawn(self) -> bool:
@@ -159,6 +166,26 @@ class Ranking:
         if at >= self.slots:
             return False, None
         return True, self._ranked[self.slots][1] if len(self._ranked) > self.slots else None
+
+
+class Fetches:
+    """Which announced updates of one round a peer fetches: with no committee, every one; with one, a drawn
+    contributor's, and a newcomer's ranked among the admitted when it is seen (``Ranking`` on ``base``). An
+    undrawn key of the pool costs nothing but its announcement. The node's exchange and the virtual simulator
+    both ask this."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self._ranking: Ranking | None = None
+
+    def __call__(self, committee: Committee | None, sender: str) -> bool:
+        if committee is None or sender in committee.contributors:
+            return True
+        if sender in committee.pool:
+            return False
+        if self._ranking is None:
+            self._ranking = Ranking(committee, self.base)
+        return self._ranking.add(sender)[0]
 
 
 # --- the odds ----------------------------------------------------------------------------------------

@@ -55,6 +55,19 @@ def test_a_budget_names_both_roles_or_neither() -> None:
             cm.Budget(**bad)
 
 
+def test_a_budget_whose_reports_would_fail_validation_is_refused() -> None:
+    """A report lists a round's updates, at most contributors + newcomers, and readers refuse one listing more
+    than records.MAX_PEERS_PER_ROUND: the config's caps (4096 each) allowed a budget whose every report failed."""
+    from gradnode.node.config import CommitteeConfig
+    from gradnode.protocol.records import MAX_PEERS_PER_ROUND
+
+    cm.Budget(MAX_PEERS_PER_ROUND - 8, 96, 8)
+    with pytest.raises(ValueError, match="at most"):
+        cm.Budget(MAX_PEERS_PER_ROUND - 8, 96, 9)
+    with pytest.raises(ValueError):
+        CommitteeConfig(contributors=4096, witnesses=96, newcomers=0)
+
+
 def test_an_undrawn_key_of_the_pool_sends_nothing_and_a_newcomer_may() -> None:
     c = cm.draw(BUDGET, 10, "hash-8", POOL)
     undrawn = next(k for k in POOL if k not in c.contributors)
@@ -129,6 +142,22 @@ def core_of(me: str, c: cm.Committee, pool: list[str], newcomers: tuple[str, ...
     others = every - {me}
     core.step(rc.Members(0.0, rc.View(trainers=others, counted=others, present=others, live=every)))
     return core
+
+
+def test_a_peer_fetches_the_drawn_and_the_newcomers_ranked_in_and_no_undrawn_key() -> None:
+    """committee.Fetches, the one rule the node's exchange and the simulator ask before they fetch: every update
+    with no committee; with one, a drawn contributor's, never an undrawn pool key's (its announcement is all it
+    costs), and a newcomer's only while its ticket ranks among the admitted so far."""
+    c, pool = small()
+    everyone = cm.Fetches("h6")
+    assert all(everyone(None, k) for k in pool)
+    fetches = cm.Fetches("h6")
+    assert all(fetches(c, k) for k in sorted(c.contributors))
+    assert not any(fetches(c, k) for k in pool if not c.sends(k))
+    fresh = sorted((f"n{i}" for i in range(6)), key=lambda k: cm.ticket(cm.Role.NEWCOMER, cm.seed("h6", 7), k))
+    assert [fetches(c, k) for k in reversed(fresh)] == [True] * len(fresh)  # each lower than all before it
+    late = cm.Fetches("h6")
+    assert [late(c, k) for k in fresh] == [True] + [False] * (len(fresh) - 1)  # the lowest came first
 
 
 def test_an_observer_waits_for_the_drawn_contributors_only_and_reports_only_them() -> None:

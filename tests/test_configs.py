@@ -90,3 +90,14 @@ def test_an_undrawn_peer_drops_its_work_by_default():
     from gradnode.node.config import OuterConfig
 
     assert OuterConfig().undrawn == "drop"
+
+
+def test_folding_undrawn_work_into_error_feedback_needs_error_feedback():
+    """'feedback' folds an undrawn round's work into the error-feedback buffers, which only SparseLoCo keeps.
+    The engine found out at the first round the peer sat out, rounds into a run; the config refuses it at load."""
+    from gradnode.node.config import ConfigError, config_from_dict
+
+    config_from_dict({"outer": {"undrawn": "feedback"}})
+    config_from_dict({"outer": {"algorithm": "diloco", "undrawn": "carry"}})
+    with pytest.raises(ConfigError, match="undrawn"):
+        config_from_dict({"outer": {"algorithm": "diloco", "undrawn": "feedback"}})

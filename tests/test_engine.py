@@ -264,7 +264,8 @@ def test_an_undrawn_peer_drops_its_work():
 
 
 def test_feedback_for_an_undrawn_peer_needs_error_feedback():
-    e = Engine(tiny_config(outer={"algorithm": "diloco", "undrawn": "feedback"}))
-    e.inner_round()
-    with pytest.raises(ValueError, match="error feedback"):
-        e.sit_out()
+    """Refused with the config (tests/test_configs.py), before any engine is made."""
+    from gradnode.node.config import ConfigError
+
+    with pytest.raises(ConfigError, match="error feedback"):
+        Engine(tiny_config(outer={"algorithm": "diloco", "undrawn": "feedback"}))

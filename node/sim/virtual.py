@@ -315,7 +315,7 @@ class VPeer:
     abstained: set[int] = field(default_factory=set)  # rounds it sat out (too slow for their deadline)
     ledger: dict[str, int] = field(default_factory=dict)  # contributors: sender -> last round applied (shared state)
     pools: dict[int, frozenset[str]] = field(default_factory=dict)  # round -> its ledger's keys (shared state)
-    rankings: dict[int, committee.Ranking] = field(default_factory=dict)  # round -> the newcomers it fetches
+    fetches: dict[int, committee.Fetches] = field(default_factory=dict)  # round -> which updates it fetches
     workers: dict[str, int] = field(default_factory=dict)  # sender -> newest round it verified and screened (memory)
     voters: frozenset[str] | None = None  # whose votes count (Simulation._revote); None: everyone's
     senders: frozenset[str] = frozenset()  # the senders of the last round it applied (whose records set the pace)
@@ -1091,18 +1091,12 @@ class Simulation:
         return committee.of_round(self.budget, r, p.hashes, p.pools)
 
     def _fetches(self, q: VPeer, r: int, p: VPeer) -> bool:
-        """Whether q fetches p's update of round r: always without a committee; with one, a drawn contributor's,
-        or a newcomer's ranked among the admitted so far (``committee.Ranking``, on the base p announced on)."""
-        drawn = self._committee(q, r)
-        if drawn is None or p.id in drawn.contributors:
-            return True
-        if p.id in drawn.pool:
-            return False
-        ranking = q.rankings.get(r)
-        if ranking is None:
-            q.rankings = {k: v for k, v in q.rankings.items() if k >= r - 2}
-            ranking = q.rankings[r] = committee.Ranking(drawn, committee.base(r, p.hashes))
-        return ranking.add(p.id)[0]
+        """Whether q fetches p's update of round r (``committee.Fetches``, on the base p announced on)."""
+        fetches = q.fetches.get(r)
+        if fetches is None:
+            q.fetches = {k: v for k, v in q.fetches.items() if k >= r - 2}
+            fetches = q.fetches[r] = committee.Fetches(committee.base(r, p.hashes))
+        return fetches(self._committee(q, r), p.id)
 
     def _announced(self, p: VPeer, r: int) -> dict[str, float]:
         """Who announced round r in p's sight, first seen when: its core's sightings and the records it holds."""

@@ -48,7 +48,7 @@ from gradnode.node.swarm.membership import Membership, kept_for_catchup
 from gradnode.node.swarm.rules import JUDGEMENTS, UpdateRules
 from gradnode.node.swarm.transport import Transport
 from gradnode.protocol import round as core
-from gradnode.protocol.committee import Committee, Ranking
+from gradnode.protocol.committee import Committee, Fetches
 from gradnode.protocol.records import (
     MAX_PEERS_PER_ROUND,
     Holdings,
@@ -157,7 +157,7 @@ class RoundExchange(threading.Thread):
                                    eligible=eligible, witness=witness and (not self.observer or committee is not None),
                                    round_seconds=round_seconds, leaving=leaving or threading.Event(), base=base,
                                    equivocators=equivocators, sender=not self.observer, committee=committee)
-        self._ranking: Ranking | None = None  # the newcomers this peer fetches (``_admits``)
+        self._fetches: Fetches | None = None  # which updates this peer fetches (``_admits``)
         self.digest = hashlib.sha256(blob).hexdigest() if blob is not None else ""
         self.verified: dict[str, _Verified] = {}
         self.announced: dict[str, UpdateAnnouncement] = {}
@@ -342,17 +342,10 @@ class RoundExchange(threading.Thread):
                     self._write_holdings()
 
     def _admits(self, sender: str) -> bool:
-        """Whether this peer fetches ``sender``'s update: always without a committee; with one, a drawn
-        contributor's, or a newcomer's ranked among the admitted when it is seen (the round core's rule,
-        ``committee.Ranking``). An undrawn key of the pool costs nothing but its announcement."""
-        c = self.committee
-        if c is None or sender in c.contributors:
-            return True
-        if sender in c.pool:
-            return False
-        if self._ranking is None:
-            self._ranking = Ranking(c, self.agreement.base)
-        return self._ranking.add(sender)[0]
+        """Whether this peer fetches ``sender``'s update (``committee.Fetches``)."""
+        if self._fetches is None:
+            self._fetches = Fetches(self.agreement.base)
+        return self._fetches(self.committee, sender)
 
     def _holders(self, sender: str, digest: str) -> Callable[[], list[tuple[str, list[str]]]]:
         fp = fingerprint(sender, digest)

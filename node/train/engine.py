@@ -286,9 +286,7 @@ class Engine:
         how = self.cfg.outer.undrawn
         if how == "carry":
             return
-        if how == "feedback":
-            if self.cfg.outer.algorithm != "sparseloco":
-                raise ValueError("outer.undrawn='feedback' needs error feedback: outer.algorithm='sparseloco'")
+        if how == "feedback":  # with error feedback only: the config refuses it for diloco and ddp
             for n, d in self.pseudo_gradient().items():
                 fold(self.ef, n, d, self.cfg.outer.ef_beta)
         else:

@@ -348,13 +348,21 @@ class RoundExchange(threading.Thread):
         return self._fetches(self.committee, sender)
 
     def _holders(self, sender: str, digest: str) -> Callable[[], list[tuple[str, list[str]]]]:
+        """The sources of one fetch, read again at every pass (transport.fetch_async): the sender alone at the
+        first, and from the second on every peer whose holdings list the update. A fetch the sender serves, the
+        common case, reads no holdings (each read returns every holder's record: with a read per pass, holdings
+        were 15% of the records an 8-peer swarm read)."""
         fp = fingerprint(sender, digest)
+        passes = 0
 
         def sources() -> list[tuple[str, list[str]]]:
+            nonlocal passes
+            passes += 1
             holders = {sender}
-            for h in self.members.read("holdings", self.round, Holdings):
-                if fp in unpack(h.held):
-                    holders.add(h.peer)
+            if passes > 1:
+                for h in self.members.read("holdings", self.round, Holdings):
+                    if fp in unpack(h.held):
+                        holders.add(h.peer)
             return self.members.sources(sorted(holders))
         return sources
 

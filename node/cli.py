@@ -1160,11 +1160,19 @@ def bench_scale_cmd(sizes: str = typer.Option("8,32,64,128", "--sizes", metavar=
                     round_s: float = typer.Option(30.0, "--round-s", min=0.1, metavar="SECONDS",
                                                   help="A median peer's inner steps of one round."),
                     seed: int = typer.Option(0, "--seed", min=0, metavar="N", help="The simulator's seed."),
+                    loopback: str = typer.Option("", "--loopback", metavar="N,N,...",
+                                                 help="Also run real processes on 127.0.0.1 at these sizes "
+                                                      "(e.g. 4,8,16), with the small model of `bench swarm`."),
+                    loopback_committee: str = typer.Option("2,3,1", "--loopback-committee", metavar="K,W,J",
+                                                           help="The budget of the --loopback swarms."),
+                    loopback_rounds: int = typer.Option(8, "--loopback-rounds", min=4, metavar="N",
+                                                        help="Rounds of each --loopback swarm."),
                     config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = SetOpt,
                     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
                     plot_path: Optional[Path] = typer.Option(None, "--plot", metavar="FILE.png",
                                                              help="Bytes and records against N.")) -> None:
-    """A peer's bytes, records and held updates per round as N grows: a committee beside all-to-all (virtual)."""
+    """A peer's bytes, records and held updates per round as N grows: a committee beside all-to-all (virtual),
+    and with --loopback the same per-peer figures from real processes."""
     from gradnode.node.bench import scale as bench_scale
     from gradnode.node.sim import virtual
 
@@ -1175,11 +1183,19 @@ def bench_scale_cmd(sizes: str = typer.Option("8,32,64,128", "--sizes", metavar=
         budget = virtual.parse_committee(committee)
         if not counts or min(counts) < 2 or max(counts) > 10_000:
             raise ValueError(f"--sizes {sizes!r}: swarm sizes 2..10000")
+        real_counts = [int(x) for x in loopback.split(",") if x.strip()]
+        if real_counts and (min(real_counts) < 2 or max(real_counts) > 32):
+            raise ValueError(f"--loopback {loopback!r}: real swarm sizes 2..32")
+        real_budget = virtual.parse_committee(loopback_committee)
     except ValueError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
     result = bench_scale.run(cfg, counts, rounds=rounds, seed=seed, committee=budget, all_max=all_max,
                              round_s=round_s)
+    if real_counts:
+        result["loopback_committee"] = list(real_budget)
+        result["loopback"] = bench_scale.loopback(real_counts, rounds=loopback_rounds, seed=seed,
+                                                  committee=real_budget)
     if as_json:
         typer.echo(json.dumps(result))
     else:

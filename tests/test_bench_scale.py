@@ -27,6 +27,7 @@ def test_bench_scale_gives_each_figure_per_rule_and_a_committee_fetches_fewer_up
 
 
 def test_bench_scale_refuses_bad_sizes_and_budgets() -> None:
-    for bad in (["--sizes", "1"], ["--sizes", "8,x"], ["--committee", "0,0,1"], ["--sizes", "20000"]):
+    for bad in (["--sizes", "1"], ["--sizes", "8,x"], ["--committee", "0,0,1"], ["--sizes", "20000"],
+                ["--loopback", "1"], ["--loopback", "64"], ["--loopback", "4", "--loopback-committee", "2,0,1"]):
         got = CliRunner().invoke(app, ["bench", "scale", *bad])
         assert got.exit_code == 2, (bad, got.output)

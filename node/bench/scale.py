@@ -8,6 +8,10 @@ read, and the peak number of updates its blob store held. A round's inner steps 
 (30 by default: long enough that an all-to-all peer fetches nearly every update before the deadline; with
 2 s rounds at 64 peers it fetched 7 of 63, and its figures said more about the deadline than about N).
 All-to-all runs up to ``all_max`` peers. Every row also says whether the run was safe and on one hash.
+
+``loopback`` runs real processes on 127.0.0.1 (`gradnode simulate`, the small model of `bench swarm`) at a
+few sizes with one budget, and gives the same per-peer figures from their metrics, and whether their live
+peers ended on one hash: the check that a committee's per-peer cost stays flat outside the simulator too.
 """
 
 from __future__ import annotations
@@ -42,6 +46,37 @@ def run(cfg: Config, sizes: list[int], *, rounds: int, seed: int, committee: tup
     return {"committee": list(committee), "rounds": rounds, "seed": seed, "round_s": round_s, "rows": rows}
 
 
+LOOPBACK_FIGURES = ("update_bytes_down", "update_bytes_up", "records_read", "record_bytes_read", "peak_updates_held")
+
+
+def loopback(sizes: list[int], *, rounds: int, seed: int, committee: tuple[int, int, int],
+             overrides: list[str] = ()) -> list[dict[str, Any]]:
+    """Real swarms on loopback, one per size, each under the same budget ``committee``: per-peer figures
+    per round (min / median / max over peers) and whether the live peers hold one hash."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from gradnode.node.bench.swarm import TRAFFIC_MODEL
+    from gradnode.node.sim import simulate as sim
+
+    k, w, j = committee
+    budget = [f"committee.contributors={k}", f"committee.witnesses={w}", f"committee.newcomers={j}"]
+    rows = []
+    for n in sizes:
+        out = Path(tempfile.mkdtemp(prefix=f"gradnode-scale-{n}-"))
+        t0 = time.perf_counter()
+        try:
+            real = sim.run(sim.SimSettings(peers=n, rounds=rounds, config=None, out_dir=out, eval_peers=0,
+                                           overrides=[*TRAFFIC_MODEL, *budget, *overrides], timeout_s=1800,
+                                           seed=seed), live=False)
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+        rows.append({"peers": n, **{f: real["traffic"].get(f) for f in LOOPBACK_FIGURES},
+                     "identical_hashes": real["identical_hashes"], "wall_s": round(time.perf_counter() - t0, 1)})
+    return rows
+
+
 def print_result(result: dict[str, Any]) -> None:
     k, w, j = result["committee"]
     print(f"per peer per round, median (min-max) over peers; committee K={k} W={w} J={j}; "
@@ -56,6 +91,16 @@ def print_result(result: dict[str, Any]) -> None:
         print(f"{r['peers']:>6} {r['rule']:<10} {cell('update_bytes_down', 1e6):>16} {cell('update_bytes_up', 1e6):>16} "
               f"{cell('records_read', 1):>18} {cell('record_bytes_read', 1e3):>18} "
               f"{r['peak_updates_held']['median']:>6.0f} {safe:>5} {r['wall_s']:>6}")
+    if result.get("loopback"):
+        k, w, j = result["loopback_committee"]
+        print(f"real processes on 127.0.0.1, committee K={k} W={w} J={j}, per peer per round, median (min-max)")
+        print(f"{'N':>6} {'KB down':>20} {'KB up':>20} {'records read':>18} {'one hash':>9} {'s':>6}")
+        for r in result["loopback"]:
+            def kb(f: str, scale: float = 1e3) -> str:
+                x = r[f]
+                return "-" if not x else f"{x['median'] / scale:.1f} ({x['min'] / scale:.1f}-{x['max'] / scale:.1f})"
+            print(f"{r['peers']:>6} {kb('update_bytes_down'):>20} {kb('update_bytes_up'):>20} "
+                  f"{kb('records_read', 1):>18} {'yes' if r['identical_hashes'] else 'NO':>9} {r['wall_s']:>6}")
 
 
 def plot(result: dict[str, Any], path: str) -> None:

@@ -346,12 +346,16 @@ class RoundCore:
     # these counts or the view; many rules ask again before the next event does)
     _memo: dict[str, tuple] = field(default_factory=dict, repr=False, compare=False)
     no_ledger: bool = field(default=False, init=False)  # eligible from the view (set when deciding starts)
+    # this peer is an eligible witness that reports no more: a report it made before (back from a restart within a
+    # round it reported on) stands, and it counts that report as every other peer does
+    counts_own: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         self.no_ledger = not self.eligible
         if self.witness is None:
             self.witness = self.sender
         if not self.witness:
+            self.counts_own = self.me in self.eligible
             self.eligible = self.eligible - {self.me}
 
     def stop_reporting(self) -> None:
@@ -592,7 +596,8 @@ class RoundCore:
         if self.no_ledger:  # every report on this chain: no ledger says who may witness (the view differs by what
             # records reached each peer), and a key that reports could as well publish a 'training' record
             return [r for _, r in sorted(self.reports.items()) if not r.abstain]
-        among = (set(self.view.live) | {self.me}) if self.live_fallback else self.eligible
+        among = (set(self.view.live) | {self.me}) if self.live_fallback else \
+            self.eligible | ({self.me} if self.counts_own else frozenset())
         return [r for w, r in sorted(self.reports.items()) if w in among and not r.abstain]
 
     def count(self) -> tuple[bytes, int] | None:

@@ -191,6 +191,27 @@ def test_no_count_stands_while_the_missing_reports_could_move_it() -> None:
     assert late.decided is not None and late.decided.how is rc.HowDecided.MAX_WAIT
 
 
+def test_a_restarted_witness_counts_the_report_it_made_before_the_restart() -> None:
+    """Back from a restart within a round it reported on, a peer reports no more (a report is final), but the
+    report it made stands for everyone, itself included. Found in an attacker's review: it left its own report
+    out, so d, listed by a, b and c (3 of 5, in for every other peer), was 2 of 4 for it, and it applied
+    another set. A plain kill and restart did it, with no attacker."""
+    sets = []
+    for restarted in (False, True):
+        c = rc.RoundCore(P, 7, "a", frozenset(PEERS), True, "base", 2.0, 0.0, witness=not restarted)
+        others = frozenset(PEERS) - {"a"}
+        c.step(rc.Members(0.0, rc.View(trainers=others, counted=others, present=others, live=frozenset(PEERS))))
+        c.own_update(0.0, "da")
+        for s_ in PEERS[1:]:
+            c.step(rc.Announced(0.1, s_, 0.1))
+            c.step(rc.Verified(0.1, s_, f"d{s_}"))
+        for w, listed in (("a", "abcd"), ("b", "abcd"), ("c", "abcd"), ("d", "abc"), ("e", "abc")):
+            c.step(rc.ReportSeen(0.2, report(w, list(listed))))
+        assert c.decided is not None, restarted
+        sets.append(c.settle())
+    assert sets[0] == sets[1] == (pack((s_, f"d{s_}") for s_ in "abcd"), 5), sets
+
+
 def test_peers_two_rounds_past_the_round_hold_no_deadline_off() -> None:
     """A peer left behind (after a healed split, or a long stall) is alone in its round: the others are two or
     more rounds past it and will never announce in it. Counted as live, they kept the deadline from falling

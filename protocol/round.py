@@ -297,6 +297,13 @@ class CollectEnd(enum.Enum):
     DEADLINE_AND_WINDOW = "deadline and a window"
 
 
+def _fixed(counted: list[Report], need: int, missing: int) -> bool:
+    """Whether every update ``counted`` lists keeps its side of ``need`` whatever ``missing`` more reports list:
+    in even if none of them lists it, or out even if all of them do."""
+    counts = Counter(fp for r in counted for fp in set(unpack(r.fps)))
+    return all(n >= need or n + missing < need for n in counts.values())
+
+
 @dataclass
 class RoundCore:
     """Round ``round_`` as peer ``me`` runs it. ``eligible``: its eligible witnesses (empty: the live trainers
@@ -638,8 +645,7 @@ class RoundCore:
         gone = (lambda w: w in self.view.leaving or w not in self.view.present) if self.gone_out else \
             (lambda w: False)
         missing = sum(1 for w in witnesses if w not in self.reports and w not in self.banned and not gone(w))
-        counts = Counter(fp for r in counted for fp in set(unpack(r.fps)))
-        return all(n >= need or n + missing < need for n in counts.values())
+        return _fixed(counted, need, missing)
 
     def _decide_drawn(self, now: float) -> list[Action]:
         """A drawn committee's round is decided once its set is settled, whatever the missing witnesses report:
@@ -745,8 +751,7 @@ class RoundCore:
         need = witness_rule.quorum(len(counted) + missing)
         if missing >= need:  # the missing alone could put in an update nobody counted lists
             return False
-        counts = Counter(fp for r in counted for fp in set(unpack(r.fps)))
-        return all(n >= need or n + missing < need for n in counts.values())
+        return _fixed(counted, need, missing)
 
     def settle(self) -> tuple[bytes, int] | None:
         """The second count, just before the round is applied: the reports as they stand now. The first

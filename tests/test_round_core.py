@@ -157,13 +157,18 @@ def test_no_count_stands_while_the_missing_reports_could_move_it() -> None:
     12 of a split): one peer counted its own report alone and applied its update, while 31 peers counted 31
     reports listing only their own and applied none. Here d is listed by 2 of 3 counted reports: in by 2 of 3, but
     d's and e's reports, both announced and in sight, could leave it at 2 of 5, out."""
-    c = core()
-    c.own_update(0.0, "da")
-    for s in PEERS[1:]:
-        c.step(rc.Announced(0.1, s, 0.1))
-        c.step(rc.Verified(0.1, s, f"d{s}"))
-    c.step(rc.ReportSeen(0.2, report("b", ["a", "b", "c"])))
-    c.step(rc.ReportSeen(0.2, report("c", ["a", "b", "c", "d"])))
+
+    def d_listed_by_two_of_three() -> rc.RoundCore:
+        c = core()
+        c.own_update(0.0, "da")
+        for s in PEERS[1:]:
+            c.step(rc.Announced(0.1, s, 0.1))
+            c.step(rc.Verified(0.1, s, f"d{s}"))
+        c.step(rc.ReportSeen(0.2, report("b", ["a", "b", "c"])))
+        c.step(rc.ReportSeen(0.2, report("c", ["a", "b", "c", "d"])))
+        return c
+
+    c = d_listed_by_two_of_three()
     assert not c.unmoved(2) and c.unmoved(0)
     grace_end = c.reported_at + 3.0 + rc.POLL_S
     out = c.step(rc.Tick(grace_end))
@@ -179,13 +184,7 @@ def test_no_count_stands_while_the_missing_reports_could_move_it() -> None:
     assert [(a.how, a.witnesses) for a in out if isinstance(a, rc.Decided)] == [(rc.HowDecided.ALL_REPORTED, 5)]
     assert c.decided.fps == pack((s, f"d{s}") for s in "abcd")  # d listed by a, c and e: 3 of 5
     # with no report coming at all, max_wait_s ends the wait, as it does for a round with nothing to count
-    late = core()
-    late.own_update(0.0, "da")
-    for s in PEERS[1:]:
-        late.step(rc.Announced(0.1, s, 0.1))
-        late.step(rc.Verified(0.1, s, f"d{s}"))
-    late.step(rc.ReportSeen(0.2, report("b", ["a", "b", "c"])))
-    late.step(rc.ReportSeen(0.2, report("c", ["a", "b", "c", "d"])))
+    late = d_listed_by_two_of_three()
     late.step(rc.Tick(grace_end))  # asked, and nothing comes back
     late.step(rc.Tick(late.reported_at + P.max_wait_s))
     assert late.decided is not None and late.decided.how is rc.HowDecided.MAX_WAIT

@@ -157,7 +157,7 @@ class RoundExchange(threading.Thread):
                                    eligible=eligible, witness=witness and (not self.observer or committee is not None),
                                    round_seconds=round_seconds, leaving=leaving or threading.Event(), base=base,
                                    equivocators=equivocators, sender=not self.observer, committee=committee)
-        self._fetches: Fetches | None = None  # which updates this peer fetches (``_admits``)
+        self._fetches = Fetches(base)  # which updates this peer fetches (``_admits``)
         self.digest = hashlib.sha256(blob).hexdigest() if blob is not None else ""
         self.verified: dict[str, _Verified] = {}
         self.announced: dict[str, UpdateAnnouncement] = {}
@@ -343,8 +343,6 @@ class RoundExchange(threading.Thread):
 
     def _admits(self, sender: str) -> bool:
         """Whether this peer fetches ``sender``'s update (``committee.Fetches``)."""
-        if self._fetches is None:
-            self._fetches = Fetches(self.agreement.base)
         return self._fetches(self.committee, sender)
 
     def _holders(self, sender: str, digest: str) -> Callable[[], list[tuple[str, list[str]]]]:

@@ -259,8 +259,8 @@ class Membership:
 
     def sources(self, peer_ids: list[str]) -> list[tuple[str, list[str]]]:
         """(peer id, maddrs) to fetch from; client-mode peers are left out (nobody can dial them). Addresses
-        change rarely, and every pass of every fetch asks: read from a list up to ``ADDRESS_AGE_S`` old (at the default 0.5 s,
-        fetches made 38% of the member-list reads of an 8-peer swarm)."""
+        change rarely, and every pass of every fetch asks: read from a list up to ``ADDRESS_AGE_S`` old (at the
+        default 0.5 s, fetches made 38% of the member-list reads of an 8-peer swarm)."""
         members = self.members(max_age=ADDRESS_AGE_S)
         return [(p, list(members[p].maddrs) if p in members else []) for p in peer_ids
                 if p not in members or members[p].reachable]

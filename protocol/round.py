@@ -716,7 +716,10 @@ class RoundCore:
 
     def asked(self, now: float, got: list[Report]) -> list[Action]:
         """The reports the witnesses served when asked (``AskWitnesses``); counted like the DHT's. The count
-        ends here only if the reports still missing cannot move it."""
+        ends here only if the reports still missing cannot move it. The next ask comes a window after this one
+        ended: an ask of an unreachable witness takes its whole wait, and asking again from here at once kept the
+        shell from ever reading the DHT again (a cut witness stayed in sight, and held the round to max_wait_s)."""
+        self.asked_at = max(self.asked_at, now)
         out: list[Action] = []
         for r in got:
             out += self._seen(r)
@@ -730,10 +733,14 @@ class RoundCore:
         return set(self.eligible) - set(self.reports) - self._absent() - {self.me}
 
     def _unreported(self, waiting: set[str]) -> int:
-        """How many of ``waiting`` will report on this round: those that announced an update in it and are
-        still in sight, less those two rounds past it (they moved on, and a report they never made would
-        hold a peer left behind until max_wait_s)."""
-        return len((waiting & self.first_seen.keys() & set(self.view.present)) - set(self.view.ahead))
+        return len(self.unreported(waiting))
+
+    def unreported(self, waiting: set[str] | None = None) -> frozenset[str]:
+        """Which of ``waiting`` (default: every witness the count waits for) will report on this round: those
+        that announced an update in it and are still in sight, less those two rounds past it (they moved on,
+        and a report they never made would hold a peer left behind until max_wait_s)."""
+        waiting = self._waiting() if waiting is None else waiting
+        return frozenset((waiting & self.first_seen.keys() & set(self.view.present)) - set(self.view.ahead))
 
     def unmoved(self, missing: int) -> bool:
         """Whether ``missing`` more reports, whatever they list, leave the set that ``count`` gives unchanged:

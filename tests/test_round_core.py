@@ -190,6 +190,32 @@ def test_no_count_stands_while_the_missing_reports_could_move_it() -> None:
     assert late.decided is not None and late.decided.how is rc.HowDecided.MAX_WAIT
 
 
+def test_an_ask_that_took_its_whole_wait_hands_the_turn_back_to_the_shell() -> None:
+    """The next ask comes a window after the last one ended, so the shell reads the DHT in between. Found in a
+    real 4-peer split (tests/test_partition.py, in CI): an ask of a cut witness takes its whole wait, a window;
+    the core then asked again at once from ``asked``, the shell's loop never returned to read the member records,
+    so the cut witness stayed in sight, and the count held its round to max_wait_s (60 s) while the other side
+    ran to the end of the run."""
+    c = core()
+    c.own_update(0.0, "da")
+    for s in PEERS[1:]:
+        c.step(rc.Announced(0.1, s, 0.1))
+        c.step(rc.Verified(0.1, s, f"d{s}"))
+    c.step(rc.ReportSeen(0.2, report("b", ["a", "b", "c"])))
+    c.step(rc.ReportSeen(0.2, report("c", ["a", "b", "c", "d"])))  # d's and e's reports could still move d
+    grace_end = c.reported_at + 3.0 + rc.POLL_S
+    asks = [a for a in c.step(rc.Tick(grace_end)) if isinstance(a, rc.AskWitnesses)]
+    assert asks and c.decided is None
+    now = grace_end + asks[0].wait_s  # the ask took its whole wait, and nothing came back
+    for _ in range(3):
+        assert "AskWitnesses" not in kinds(c.asked(now, [])), "asked again before the shell read the DHT"
+        now += c.window + 0.01
+        asks = [a for a in c.step(rc.Tick(now)) if isinstance(a, rc.AskWitnesses)]
+        assert asks, "the missing witnesses are asked again a window after the last ask ended"
+        now += asks[0].wait_s
+    assert c.decided is None
+
+
 def test_a_restarted_witness_counts_the_report_it_made_before_the_restart() -> None:
     """Back from a restart within a round it reported on, a peer reports no more (a report is final), but the
     report it made stands for everyone, itself included. Found in an attacker's review: it left its own report

@@ -128,6 +128,9 @@ class Agreement:
                 self.report(list(a.pairs))
                 self.core.published(time.monotonic())
             elif isinstance(a, core.AskWitnesses):
+                if self.core.reports and (held := self.core.unreported()):
+                    log.info("round=%d: %d report(s) counted; the missing reports of %s could still move the set: "
+                             "asking", self.round, len(self.core.reports), ",".join(sorted(w[:12] for w in held)))
                 got = self.ask(set(a.witnesses), a.wait_s)
                 self._act(self.core.asked(time.monotonic(), [self._as_core(p) for p in got]))
             elif isinstance(a, core.Equivocated):

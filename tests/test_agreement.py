@@ -6,6 +6,7 @@ minute ago (their deadline passed) and verified as each test says."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -136,6 +137,41 @@ def test_a_report_the_dht_does_not_show_is_read_from_its_witness(trio) -> None:
     verdict, ended = _decide(g)
     assert verdict is not None and verdict.witnesses == 2 and verdict.fps == pack([_update(a.peer_id)]), ended
     assert ended is core.HowDecided.ASKED, ended  # read from its witness after the grace, not counted at max_wait_s
+
+
+def test_a_peer_reads_the_dht_while_its_ask_is_out(trio, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ask runs beside the rounds' loop, which goes on reading the DHT: a report that comes that way ends the
+    wait at once. Found in the simulator, once its shell was made to wait for each ask as the node's did: with a
+    straggler among 8 peers, the others waited up to a window in each round they asked for its report, and in
+    one round two fast peers' updates came too late for everyone's set. Here c's ask of b never comes back, and
+    b's report reaches c through the DHT meanwhile."""
+    a, b, c = trio
+    ma, mb, mc = _members(trio)
+    ids = [a.peer_id, b.peer_id]
+    everything = [_update(a.peer_id), _update(b.peer_id)]
+    released = threading.Event()
+
+    async def hanging(jobs, **_):  # b's stream stalls: the ask does not end before the test lets it
+        while not released.is_set():
+            await asyncio.sleep(0.05)
+        return {}
+
+    monkeypatch.setattr(c, "fetch_many_async", hanging)
+    try:
+        _collected(_agreement(ma, a.peer_id, ids, witness=True), ids, everything)  # a's report, in the DHT
+        gc = _agreement(mc, c.peer_id, ids, witness=False)
+        _collected(gc, ids)
+        end = time.monotonic() + 60.0
+        while gc._asking is None and time.monotonic() < end:  # a's report alone could be outvoted: c asks b
+            gc.poll(time.monotonic())
+            time.sleep(0.05)
+        assert gc._asking is not None and gc.core.decided is None
+        _collected(_agreement(mb, b.peer_id, ids, witness=True), ids, everything)  # b's report, in the DHT
+        verdict, ended = _decide(gc)
+        assert not gc._asking.done(), "decided only once the ask ended"
+        assert ended is core.HowDecided.ALL_REPORTED and verdict is not None and verdict.fps == pack(everything)
+    finally:
+        released.set()
 
 
 def test_a_censoring_witness_keeps_out_nothing_the_others_verified(trio) -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
 
@@ -101,6 +102,7 @@ class Agreement:
         self._records: dict[tuple[str, bytes], Report] = {}  # (witness, digest) -> its signed record
         self._direct: dict[tuple[str, str], Report] = {}  # read from their authors, not the DHT (``ask``)
         self._wake = 0.0  # when the core wants the time again (core.Wake)
+        self._asking: Future | None = None  # the ask in flight (``_ask_in_background``)
 
     # --- the core's events and actions --------------------------------------------------------------
 
@@ -109,6 +111,11 @@ class Agreement:
         the exchange's ``events``, this round's reports as they stand, then the time; True once decided."""
         if self.leaving.is_set():
             self.core.stop_reporting()  # the others stopped waiting for us: nothing of ours to count
+        if self._asking is not None and self._asking.done():  # what the ask brought, before this poll's reads
+            asked, self._asking = self._asking, None
+            got = self._found(asked.result() if asked.exception() is None else {})
+            if self.core.phase is core.Phase.DECIDING:
+                self._act(self.core.asked(now, [self._as_core(p) for p in got]))
         self._act(self.core.steps([core.Members(now, self.view()), *events,
                                    *(core.ReportSeen(now, r) for r in self._read()), core.Tick(now)]))
         return self.core.phase is core.Phase.DECIDED
@@ -131,8 +138,10 @@ class Agreement:
                 if self.core.reports and (held := self.core.unreported()):
                     log.info("round=%d: %d report(s) counted; the missing reports of %s could still move the set: "
                              "asking", self.round, len(self.core.reports), ",".join(sorted(w[:12] for w in held)))
-                got = self.ask(set(a.witnesses), a.wait_s)
-                self._act(self.core.asked(time.monotonic(), [self._as_core(p) for p in got]))
+                if self._asking is None:  # one ask at a time; the core asks again a window after it ended
+                    self._asking = self._ask_in_background(set(a.witnesses), a.wait_s)
+                    if self._asking is None:  # nobody to ask: it ended at once, with nothing
+                        self._act(self.core.asked(time.monotonic(), []))
             elif isinstance(a, core.Equivocated):
                 self.equivocators.caught(self._records[a.first.witness, a.first.digest],
                                          self._records[a.second.witness, a.second.digest])
@@ -207,21 +216,41 @@ class Agreement:
         after a healed split the lookups of the side that adopted the other's chain did not reach the nodes
         holding the winners' reports, and its peers waited out max_wait_s on a decided round). A report read
         so is checked like one from the DHT (author, round, signature) and counted the same way."""
-        sources = self.members.sources(sorted(witnesses - {self.me}))
-        jobs = [([src], report_record_name(self.run_id, self.round, src[0])) for src in sources]
+        jobs = self._ask_jobs(witnesses)
         if not jobs:
             return []
-
-        def parsed(name: str, data: bytes) -> Report | None:  # no signature check here: it may read the DHT,
-            try:                                                # and this runs on the transport's event loop
-                p = Report.from_bytes(data)
-            except RecordError:
-                return None
-            return p if name == report_record_name(self.run_id, p.round, p.witness) and p.round == self.round else None
-
         got = self.members.transport.fetch_many(jobs, max_bytes=MAX_RECORD_BYTES, deadline=time.monotonic() + wait_s,
-                                                verify=lambda name, data: parsed(name, data) is not None)
-        found = [p for p in (parsed(name, data) for name, data in got.items())
+                                                verify=lambda name, data: self._parsed(name, data) is not None)
+        return self._found(got)
+
+    def _ask_in_background(self, witnesses: set[str], wait_s: float) -> Future | None:
+        """``ask`` without waiting for it: the rounds' loop goes on reading the DHT meanwhile (a report that comes
+        that way ends the wait at once), and ``poll`` takes the answers once they are in. Waiting for the ask
+        held every peer of an 8-peer swarm with a straggler up to a window in each round it waited on the
+        straggler's report. None: nobody to ask."""
+        jobs = self._ask_jobs(witnesses)
+        if not jobs:
+            return None
+        return self.members.transport.submit(self.members.transport.fetch_many_async(
+            jobs, max_bytes=MAX_RECORD_BYTES, deadline=time.monotonic() + wait_s,
+            verify=lambda name, data: self._parsed(name, data) is not None))
+
+    def _ask_jobs(self, witnesses: set[str]) -> list[tuple[list[tuple[str, list[str]]], str]]:
+        sources = self.members.sources(sorted(witnesses - {self.me}))
+        return [([src], report_record_name(self.run_id, self.round, src[0])) for src in sources]
+
+    def _parsed(self, name: str, data: bytes) -> Report | None:
+        """A served report, if it is the one asked for (no signature check here: it may read the DHT, and this
+        runs on the transport's event loop)."""
+        try:
+            p = Report.from_bytes(data)
+        except RecordError:
+            return None
+        return p if name == report_record_name(self.run_id, p.round, p.witness) and p.round == self.round else None
+
+    def _found(self, got: dict[str, bytes]) -> list[Report]:
+        """The reports an ask brought that check out (author, round, signature), kept with the DHT's."""
+        found = [p for p in (self._parsed(name, data) for name, data in got.items())
                  if p is not None and self.members.verify_record(p)]
         self._direct.update(((p.witness, report_digest(p)), p) for p in found)
         return found

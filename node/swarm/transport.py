@@ -1013,17 +1013,21 @@ class Transport:
                    verify: Callable[[str, bytes], bool], stop: threading.Event | None = None) -> dict[str, bytes]:
         """Fetch several blobs concurrently; returns {name: bytes} for those that arrived and verified (``stop``:
         fetch_async's)."""
+        if not jobs:
+            return {}
+        return self._run(self.fetch_many_async(jobs, max_bytes=max_bytes, deadline=deadline, verify=verify, stop=stop),
+                         max(1.0, deadline - time.monotonic() + 5))
+
+    async def fetch_many_async(self, jobs: list[tuple[list[tuple[str, list[str]]], str]], *, max_bytes: int,
+                               deadline: float, verify: Callable[[str, bytes], bool],
+                               stop: threading.Event | None = None) -> dict[str, bytes]:
+        """``fetch_many`` as a coroutine, for a caller that goes on meanwhile (``submit``)."""
         async def one(sources, name):
             data = await self.fetch_async(sources, name, max_bytes=max_bytes, deadline=deadline,
                                           verify=lambda d: verify(name, d), stop=stop)
             return name, data
 
-        async def all_():
-            return await asyncio.gather(*(one(s, n) for s, n in jobs))
-
-        if not jobs:
-            return {}
-        results = self._run(all_(), max(1.0, deadline - time.monotonic() + 5))
+        results = await asyncio.gather(*(one(s, n) for s, n in jobs))
         return {n: d for n, d in results if d is not None}
 
 

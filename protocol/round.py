@@ -687,7 +687,7 @@ class RoundCore:
                 return [AskWitnesses(tuple(sorted(waiting)), min(self.window, ASK_S))]
             if now < self.ask_until:
                 return []
-            if self.unmoved(self._unreported(waiting)):  # the ask never came back, and what it would bring
+            if self.unmoved(len(self.unreported(waiting))):  # the ask never came back, and what it would bring
                 return self._end(HowDecided.GRACE)  # cannot change the set
             # else the missing reports could move the set: the peer waits on (asking again every window) up to
             # max_wait_s, or its peer core re-syncs it once the others are ahead
@@ -724,16 +724,13 @@ class RoundCore:
         for r in got:
             out += self._seen(r)
         if self.phase is Phase.DECIDING and self._counted() and not self._drawn() and \
-                self.unmoved(self._unreported(self._waiting())):
+                self.unmoved(len(self.unreported())):
             return out + self._end(HowDecided.ASKED)
         return out + self.step(Tick(now))
 
     def _waiting(self) -> set[str]:
         """The eligible witnesses not heard from that the count waits for (not absent; not this peer)."""
         return set(self.eligible) - set(self.reports) - self._absent() - {self.me}
-
-    def _unreported(self, waiting: set[str]) -> int:
-        return len(self.unreported(waiting))
 
     def unreported(self, waiting: set[str] | None = None) -> frozenset[str]:
         """Which of ``waiting`` (default: every witness the count waits for) will report on this round: those

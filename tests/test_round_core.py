@@ -152,21 +152,24 @@ def test_settle_counts_a_report_that_came_after_the_first_count() -> None:
     assert n == 5 and fps != first and fps == pack((s, f"d{s}") for s in "abc")
 
 
+def d_listed_by_two_of_three() -> rc.RoundCore:
+    """Every peer announced and verified, and d is listed by 2 of the 3 reports counted: d's and e's reports, both
+    announced and in sight, could still move it."""
+    c = core()
+    c.own_update(0.0, "da")
+    for s in PEERS[1:]:
+        c.step(rc.Announced(0.1, s, 0.1))
+        c.step(rc.Verified(0.1, s, f"d{s}"))
+    c.step(rc.ReportSeen(0.2, report("b", ["a", "b", "c"])))
+    c.step(rc.ReportSeen(0.2, report("c", ["a", "b", "c", "d"])))
+    return c
+
+
 def test_no_count_stands_while_the_missing_reports_could_move_it() -> None:
     """A count ends only when the reports still missing cannot change its set. Found at 64 peers (seed 39, round
     12 of a split): one peer counted its own report alone and applied its update, while 31 peers counted 31
     reports listing only their own and applied none. Here d is listed by 2 of 3 counted reports: in by 2 of 3, but
     d's and e's reports, both announced and in sight, could leave it at 2 of 5, out."""
-
-    def d_listed_by_two_of_three() -> rc.RoundCore:
-        c = core()
-        c.own_update(0.0, "da")
-        for s in PEERS[1:]:
-            c.step(rc.Announced(0.1, s, 0.1))
-            c.step(rc.Verified(0.1, s, f"d{s}"))
-        c.step(rc.ReportSeen(0.2, report("b", ["a", "b", "c"])))
-        c.step(rc.ReportSeen(0.2, report("c", ["a", "b", "c", "d"])))
-        return c
 
     c = d_listed_by_two_of_three()
     assert not c.unmoved(2) and c.unmoved(0)
@@ -196,13 +199,7 @@ def test_an_ask_that_took_its_whole_wait_hands_the_turn_back_to_the_shell() -> N
     the core then asked again at once from ``asked``, the shell's loop never returned to read the member records,
     so the cut witness stayed in sight, and the count held its round to max_wait_s (60 s) while the other side
     ran to the end of the run."""
-    c = core()
-    c.own_update(0.0, "da")
-    for s in PEERS[1:]:
-        c.step(rc.Announced(0.1, s, 0.1))
-        c.step(rc.Verified(0.1, s, f"d{s}"))
-    c.step(rc.ReportSeen(0.2, report("b", ["a", "b", "c"])))
-    c.step(rc.ReportSeen(0.2, report("c", ["a", "b", "c", "d"])))  # d's and e's reports could still move d
+    c = d_listed_by_two_of_three()
     grace_end = c.reported_at + 3.0 + rc.POLL_S
     asks = [a for a in c.step(rc.Tick(grace_end)) if isinstance(a, rc.AskWitnesses)]
     assert asks and c.decided is None

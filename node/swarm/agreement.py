@@ -216,28 +216,21 @@ class Agreement:
         after a healed split the lookups of the side that adopted the other's chain did not reach the nodes
         holding the winners' reports, and its peers waited out max_wait_s on a decided round). A report read
         so is checked like one from the DHT (author, round, signature) and counted the same way."""
-        jobs = self._ask_jobs(witnesses)
-        if not jobs:
-            return []
-        got = self.members.transport.fetch_many(jobs, max_bytes=MAX_RECORD_BYTES, deadline=time.monotonic() + wait_s,
-                                                verify=lambda name, data: self._parsed(name, data) is not None)
-        return self._found(got)
+        asking = self._ask_in_background(witnesses, wait_s)
+        return [] if asking is None else self._found(asking.result(wait_s + 5.0))
 
     def _ask_in_background(self, witnesses: set[str], wait_s: float) -> Future | None:
         """``ask`` without waiting for it: the rounds' loop goes on reading the DHT meanwhile (a report that comes
         that way ends the wait at once), and ``poll`` takes the answers once they are in. Waiting for the ask
         held every peer of an 8-peer swarm with a straggler up to a window in each round it waited on the
         straggler's report. None: nobody to ask."""
-        jobs = self._ask_jobs(witnesses)
+        sources = self.members.sources(sorted(witnesses - {self.me}))
+        jobs = [([src], report_record_name(self.run_id, self.round, src[0])) for src in sources]
         if not jobs:
             return None
         return self.members.transport.submit(self.members.transport.fetch_many_async(
             jobs, max_bytes=MAX_RECORD_BYTES, deadline=time.monotonic() + wait_s,
             verify=lambda name, data: self._parsed(name, data) is not None))
-
-    def _ask_jobs(self, witnesses: set[str]) -> list[tuple[list[tuple[str, list[str]]], str]]:
-        sources = self.members.sources(sorted(witnesses - {self.me}))
-        return [([src], report_record_name(self.run_id, self.round, src[0])) for src in sources]
 
     def _parsed(self, name: str, data: bytes) -> Report | None:
         """A served report, if it is the one asked for (no signature check here: it may read the DHT, and this

@@ -122,3 +122,35 @@ def test_a_transport_counts_the_records_its_reads_returned_by_table() -> None:
     assert t.totals() == {"reads": 2, "records_read": 6, "record_bytes_read": 4900, "records_written": 1,
                           "record_bytes_written": 450, "read_ms": 40}
     assert t.records_read_by_table() == {"members": 4, "updates": 2}
+
+
+def test_a_poll_reads_a_report_from_when_it_came() -> None:
+    """A DHT read returns what reached the reader by then: three reports that came as the round was decided
+    were read once each, not at every poll since the round opened (half of them each poll, on average, was the
+    model before: 4-peer swarms counted 1.5x the reports a real one reads)."""
+    sim = virtual.Simulation(virtual.Scenario(peers=4, **CALM))
+    p = sim.peers["p0000"]
+    c = sim._open(p, 0, sender=False)
+    others = [q for q in sim.peers if q != p.id]
+    sim.now = c.start + 2.0
+    p.reports_at[0] = dict.fromkeys(others, sim.now)
+    sim._read_while_deciding(p, c)
+    assert p.traffic.tables["reports"] == pytest.approx(len(others))
+    p.reports_at[0] = dict.fromkeys(others, c.start)  # there from the start: read at every poll
+    sim._read_while_deciding(p, c)
+    every = virtual.core.POLL_S + 2 * sim.sc.dht_read_s
+    assert p.traffic.tables["reports"] == pytest.approx(len(others) * (1 + 2.0 / every + 1))
+
+
+def test_the_traffic_bench_finds_the_latency_that_gives_a_round_time() -> None:
+    """``bench traffic`` matches the real swarm's round time by the latency of each record's and transfer's way:
+    a round time the simulator made at a known latency is found again."""
+    from gradnode.node.bench import traffic as bench
+    from gradnode.node.sim import scenario
+
+    cfg = load_config(None)
+    made = virtual.run(scenario.of_config(cfg, peers=4, rounds=5, seed=0, compute_s=0.2, latency_s=0.4,
+                                          dht_read_s=0.05))["traffic"]["round_s"]["median"]
+    model, latency = bench.matched(cfg, {"traffic": {"round_s": {"median": made}, "dht_read_s": 0.05}}, 4, 5, 0,
+                                   compute_s=0.2, busy_s=0.0)
+    assert abs(model["traffic"]["round_s"]["median"] - made) <= 0.05 * made and 0.0 < latency < 2.0

@@ -285,6 +285,7 @@ class VPeer:
     records_of: dict[int, list[Any]] = field(default_factory=lambda: defaultdict(list))
     # the announcers among them, by round: each one's first sighting (the first Announced of it in records_of)
     announcers_of: dict[int, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
+    reports_at: dict[int, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))  # r -> witness -> came
     weights: dict[int, dict[str, str]] = field(default_factory=lambda: defaultdict(dict))  # r -> peer -> hash
     # when the newest record (peer) and weight report ((peer, round)) it holds of each writer were written
     stamps: dict[Any, float] = field(default_factory=dict)
@@ -686,6 +687,7 @@ class Simulation:
         p.senders, p.step_s, p.told, p.workers = frozenset(), 0.0, {}, {}  # in memory only (its step time: anew)
         p.records, p.cores, p.newest, p.offer, p.held, p.views = {}, {}, -1, None, p.held + 1, {}
         p.records_of, p.announcers_of, p.weights = defaultdict(list), defaultdict(dict), defaultdict(dict)
+        p.reports_at = defaultdict(dict)
         # what reaches it from now on it reads (the DHT holds it for the new process); its dead process's own fetches
         # (no writer) and what came while it was down are gone
         p.mail = {k: box for k, box in ((k, [e for e in box if e[0] >= self.now and e[2] is not None])
@@ -862,6 +864,7 @@ class Simulation:
         if steps:
             p.steps[r], p.step_s = steps, step_s
             self.cut_short += steps < self.sc.inner_steps and not p.lie
+            self._read_while_computing(p, r)
         if p.busy_until > self.now:  # its main loop is looking for a state offer: the round waits for it
             self.at(p.busy_until, lambda: self._computed(p, r, gen, 0))
             return
@@ -929,12 +932,12 @@ class Simulation:
         self.at(self.now + peer_core.LINGER_POLL_S, lambda: self._linger(p, r, gen))
 
     # --- what a peer reads ------------------------------------------------------------------------
-    # The node reads the DHT by polling, and a read of a key returns every value under it. These count its reads
-    # at the node's rates, each returning what had reached the reader by then: the member records every
-    # MEMBERS_READ_S plus a read; while it computes a round, that round's announcements every POLL_S plus a read
-    # (the clock's cut time); while it decides one, its announcements and reports every round.POLL_S plus two
-    # reads (the agreement's poll), and the reports once more when it settles; a round's weight reports at its
-    # hash check; the round's holdings at each poll that starts a fetch (``_fetch``).
+    # A peer reads the DHT by polling, and a read of a key returns every value under it. These count its reads,
+    # each returning what had reached the reader by then: the member records every MEMBERS_READ_S plus a read;
+    # while its inner steps of a round run, that round's announcements every POLL_S plus a read (the round
+    # clock's watcher); while it decides one, its announcements and reports every round.POLL_S plus two reads
+    # (the agreement's poll), and the reports once more when it settles; a round's weight reports at its hash
+    # check; the round's holdings at each poll that starts a fetch (``_fetch``).
 
     def _read_members(self, p: VPeer) -> None:
         """The member records p read since the last count: its sight's records, every MEMBERS_READ_S."""
@@ -951,29 +954,36 @@ class Simulation:
         return sum(max(0.0, until - max(t, since)) for t in self._announced(p, r).values()) / every
 
     def _read_while_computing(self, p: VPeer, r: int) -> None:
-        """While it computed round r, p read r's announcements every POLL_S, and r - 1's too until half the
-        trainers in its sight had announced r (clock.CutTime predicts the cut time from the round before)."""
+        """While its inner steps of round r ran, p read r's announcements every POLL_S from their start (the round
+        clock's watcher, closed when they end), and r - 1's too until half the trainers in its sight had announced
+        r (clock.CutTime predicts the cut time from the round before)."""
         since = p.compute_from.get(r)
-        if since is not None:
-            every = POLL_S + self.sc.dht_read_s
-            read = self._announcements_read(p, r, since, every)
-            if r > 0:
-                times = sorted(self._announced(p, r).values())
-                need = (len(self._sight(p)[0]) + 1) // 2
-                anchor = times[need - 1] if 0 < need <= len(times) else self.now
-                read += self._announcements_read(p, r - 1, since, every, until=min(self.now, max(since, anchor)))
-            p.traffic.read("updates", read, sizes.announcement())
-        self._read_members(p)
+        if since is None:
+            return
+        every = POLL_S + self.sc.dht_read_s
+        first = self._announced(p, r)
+        read = self._announcements_read(p, r, since, every) + sum(t <= since for t in first.values())
+        if r > 0:
+            times = sorted(first.values())
+            need = (len(self._sight(p)[0]) + 1) // 2
+            anchor = times[need - 1] if 0 < need <= len(times) else self.now
+            until = min(self.now, max(since, anchor))
+            read += self._announcements_read(p, r - 1, since, every, until=until) + len(self._announced(p, r - 1))
+        p.traffic.read("updates", read, sizes.announcement())
 
     def _read_while_deciding(self, p: VPeer, c: core.RoundCore) -> None:
-        """From its core's opening to its decision p polled every round.POLL_S: the round's announcements, and its
-        reports (they came during it: each poll returns half of them on average)."""
+        """From its core's opening to its decision p polled every round.POLL_S: the round's announcements and its
+        reports, each from when it reached p on (a read returns what reached p by then; its own report, from when
+        it published it)."""
         every = core.POLL_S + 2 * self.sc.dht_read_s
-        r, polls = c.round_, 1 + (self.now - c.start) / every
+        r, now = c.round_, self.now
         seen = self._announcements_read(p, r, c.start, every) + len(self._announced(p, r))
         p.traffic.read("updates", seen, sizes.announcement())
-        n = len(c.reports)
-        p.traffic.read("reports", n * (polls + 1) / 2, sizes.report(len(c.first_seen)))
+        came = p.reports_at.get(r, {})
+        if p.id in c.reports:
+            came = {**came, p.id: c.reported_at}
+        polls = sum(max(0.0, now - max(t, c.start)) for t in came.values()) / every + len(came)
+        p.traffic.read("reports", polls, sizes.report(len(c.first_seen)))
 
     def _announce(self, p: VPeer, r: int) -> None:
         self._split_or_heal(r)
@@ -982,7 +992,7 @@ class Simulation:
             return
         drawn = self._committee(p, r)
         if drawn is not None and not drawn.sends(p.id):  # not drawn: its work waits in its error feedback
-            self._read_while_computing(p, r)
+            self._read_members(p)
             self._open(p, r, sender=False)
             self._compute(p, r + 1)
             return
@@ -990,7 +1000,7 @@ class Simulation:
         # a digest names one content: a round announced again on the same chain (after a re-sync) is the same
         # update to every reader, as its first announcement was
         self.content.setdefault(digest, self._content(p, r))
-        self._read_while_computing(p, r)
+        self._read_members(p)
         self._open(p, r, sender=r not in p.abstained, digest=digest)  # a round sat out is never reported on
         p.traffic.records_written += 1
         p.traffic.hold(self.blob_cap)
@@ -1082,6 +1092,7 @@ class Simulation:
         for old in [k for k in p.records_of if k < r - 2]:
             del p.records_of[old]
             p.announcers_of.pop(old, None)
+            p.reports_at.pop(old, None)
         for old in [k for k in p.views if k < r - 2]:
             del p.views[old]
         return c
@@ -1177,7 +1188,12 @@ class Simulation:
         if p.lie:
             p.told = {k: f for k, f in p.told.items() if k >= c.round_ - 2}
             p.told[c.round_] = report
-        self._broadcast(p, lambda q, now, r=c.round_: self._deliver(q, r, core.ReportSeen(now, report(q))))
+        def seen(q: VPeer, now: float, r: int = c.round_) -> None:
+            if r >= q.newest - 2:
+                q.reports_at[r].setdefault(p.id, now)
+            self._deliver(q, r, core.ReportSeen(now, report(q)))
+
+        self._broadcast(p, seen)
 
     def _tick(self, p: VPeer, c: core.RoundCore, key: tuple[str, int, int], t: float) -> None:
         if self._wakes.get(key) == t:

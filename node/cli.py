@@ -1015,7 +1015,7 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=4096, 
         raise typer.Exit(2)
     overrides = [*(set_ or []), f"checkpoint.keep={keep_checkpoints}"]
     if committee is not None:
-        from gradnode.node.sim.virtual import parse_committee
+        from gradnode.node.sim.scenario import parse_committee
 
         try:
             k, w, j = parse_committee(committee)
@@ -1067,9 +1067,9 @@ def _simulate_virtual(peers: int, rounds: int, seed: int, config: Optional[Path]
     from gradnode.node.sim import scenario, virtual
 
     try:
-        faults = virtual.parse_faults(faults_spec, peers)
+        faults = scenario.parse_faults(faults_spec, peers)
         if committee is not None:
-            faults["committee"] = virtual.parse_committee(committee)
+            faults["committee"] = scenario.parse_committee(committee)
     except ValueError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
@@ -1174,19 +1174,19 @@ def bench_scale_cmd(sizes: str = typer.Option("8,32,64,128", "--sizes", metavar=
     """A peer's bytes, records and held updates per round as N grows: a committee beside all-to-all (virtual),
     and with --loopback the same per-peer figures from real processes."""
     from gradnode.node.bench import scale as bench_scale
-    from gradnode.node.sim import virtual
+    from gradnode.node.sim import scenario
 
     cfg = _load(config, set_)
     _check_plot(plot_path)
     try:
         counts = [int(x) for x in sizes.split(",") if x.strip()]
-        budget = virtual.parse_committee(committee)
+        budget = scenario.parse_committee(committee)
         if not counts or min(counts) < 2 or max(counts) > 10_000:
             raise ValueError(f"--sizes {sizes!r}: swarm sizes 2..10000")
         real_counts = [int(x) for x in loopback.split(",") if x.strip()]
         if real_counts and (min(real_counts) < 2 or max(real_counts) > 32):
             raise ValueError(f"--loopback {loopback!r}: real swarm sizes 2..32")
-        real_budget = virtual.parse_committee(loopback_committee)
+        real_budget = scenario.parse_committee(loopback_committee)
     except ValueError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None

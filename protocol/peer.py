@@ -20,6 +20,10 @@ reports, unless the chain rule says this peer's chain wins. Then the peer linger
 ``Lingering`` at every poll): it serves its state until every live trainer holds it, and follows the winning
 chain if it finds itself off it (``LookAgain``), for ``LINGER_S`` at most.
 
+The pipeline: a peer computes round r + 1 while round r's exchange runs, and applies r before it announces
+r + 1. ``to_compute`` says which round's inner steps come next, sitting out one whose deadline is too near;
+``settle_at_once`` says when a hash check is acted on: behind the next round, or at once after the last.
+
 Every state this peer adopts is reported back (``StateAdopted``): the looks before it say nothing about it, and
 a hash check of a round before it was made on weights replaced since.
 """
@@ -189,6 +193,35 @@ class Leave:
 
 
 Action = Union[Stay, Resync, LookAgain, Linger, Leave]
+
+
+# --- the pipeline ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Compute:
+    """The round whose inner steps come next, and the round sat out to get there (None: none)."""
+
+    round: int
+    sat_out: int | None = None
+
+
+def to_compute(round_: int, rounds: float, late: bool) -> Compute:
+    """What a peer computes when round ``round_`` comes next (the one after those applied or announced). When
+    that round's cut time is nearer than the peer's fewest steps (``late``: round.too_late), its update would
+    come after the others decided: the peer sits it out and computes the next one. It says so at once, so that
+    nobody waits for its report, and applies what the others decide. Never the run's last round: no round comes
+    after it to compute for."""
+    if late and round_ + 1 < rounds:
+        return Compute(round_ + 1, sat_out=round_)
+    return Compute(round_)
+
+
+def settle_at_once(applied: int, rounds: float) -> bool:
+    """Whether the hash check handed to the chores when round ``applied`` was applied is acted on at once: when
+    that was the run's last round (the pipeline drains, no next round hides the check). Otherwise the peer acts
+    on it at the next round's hand-off, behind that round's inner steps."""
+    return applied >= rounds - 1
 
 
 def off_majority(reports: Mapping[str, str], mine: str | None, chains: Chains, round_: int, me: str) -> str | None:

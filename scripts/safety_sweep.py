@@ -13,7 +13,7 @@ import argparse
 import sys
 import time
 
-from gradnode.node.sim import virtual
+from gradnode.node.sim import scenario, virtual
 
 
 def seed_range(text: str) -> range:
@@ -37,7 +37,7 @@ def main() -> int:
         half = args.peers // 2
         groups = ",".join(map(str, range(half))), ",".join(map(str, range(half, args.peers)))
         faults += [f"partition:{groups[0]}|{groups[1]}@r{at}", f"heal@r{heal}"]
-    spec = virtual.parse_faults(",".join(faults), args.peers) if faults else {}
+    spec = scenario.parse_faults(",".join(faults), args.peers) if faults else {}
     bad, violations, t0 = [], 0, time.process_time()
     seeds = seed_range(args.seeds)
     for seed in seeds:

@@ -332,9 +332,9 @@ def test_the_admitted_newcomers_do_not_depend_on_the_order_they_were_seen(order:
 
 # --- a committee swarm in the virtual simulator ------------------------------------------------------
 
-from gradnode.node.sim import virtual  # noqa: E402
+from gradnode.node.sim import scenario, virtual  # noqa: E402
 
-SPLIT = virtual.parse_faults("partition:0,1,2,3,4,5,6,7|8,9,10,11,12,13,14,15@r4", 16)
+SPLIT = scenario.parse_faults("partition:0,1,2,3,4,5,6,7|8,9,10,11,12,13,14,15@r4", 16)
 
 
 def test_a_committee_swarm_applies_every_round_one_way_and_fetches_only_its_budget() -> None:
@@ -364,7 +364,7 @@ def test_a_committee_swarm_keeps_every_round_safe_under_churn_stragglers_and_lia
     witnesses of 16 with timely records, as the all-to-all liars' test runs them. The stopped witness is drawn
     for rounds after it left: without the rule that a gone witness lists nothing past max_wait_s, seeds 1 and 4
     of the churn stall on a round whose set its missing report could still change."""
-    cases = {"churn": dict(rounds=16, **virtual.parse_faults("kill:1@r3,restart:1@r8,join:6@r4,stop:4@r6,join:12@r2",
+    cases = {"churn": dict(rounds=16, **scenario.parse_faults("kill:1@r3,restart:1@r8,join:6@r4,stop:4@r6,join:12@r2",
                                                           16)),
              "slow": dict(rounds=12, slow=((3, 5.0),)),
              "censor": dict(rounds=10, late_p=0.0, liars=((0, "censor"), (5, "censor"))),

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gradnode.node.cli import app
-from gradnode.node.sim import faults, virtual
+from gradnode.node.sim import faults, scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = {"PROB": "0.1", "P": "1", "N": "3", "S": "2", "F": "5", "RATE": "1mbit", "G|G": "0,1|2,3"}
@@ -46,13 +46,13 @@ def test_each_kind_of_the_virtual_simulator_parses_as_its_grammar_says(kind: fau
         spec = "partition:0,1|2,3@r2," + spec
     if kind.name == "claims":
         spec = "sybils:3," + spec
-    assert virtual.parse_faults(spec, 4)
+    assert scenario.parse_faults(spec, 4)
 
 
 @pytest.mark.parametrize("kind", [k for k in faults.KINDS if not k.virtual], ids=lambda k: k.name)
 def test_the_virtual_simulator_refuses_what_it_does_not_model(kind: faults.FaultKind) -> None:
     with pytest.raises(ValueError, match="not modelled by --virtual"):
-        virtual.parse_faults(sample(kind.processes), 4)
+        scenario.parse_faults(sample(kind.processes), 4)
 
 
 def test_faults_help_lists_every_kind() -> None:

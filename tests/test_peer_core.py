@@ -190,3 +190,21 @@ def test_the_same_events_give_the_same_actions_and_a_resync_needs_a_cause(looks:
             assert pc.off_majority(reports, mine, pc.Chains(tails), 6, ME) is not None
         if isinstance(act, pc.LookAgain):
             assert not chain.standing(tails, ME).on_winner
+
+
+@given(st.integers(0, 50), st.integers(1, 60), st.booleans())
+def test_a_late_round_is_sat_out_unless_it_is_the_last(round_: int, rounds: int, late: bool) -> None:
+    """A round whose deadline is too near for the fewest steps is sat out and the next computed (its update
+    would come after the others decided); the run's last round never is: no round comes after it."""
+    got = pc.to_compute(round_, rounds, late)
+    if late and round_ + 1 < rounds:
+        assert got == pc.Compute(round_ + 1, sat_out=round_)
+    else:
+        assert got == pc.Compute(round_)
+
+
+def test_a_hash_check_waits_for_the_next_round_except_after_the_last() -> None:
+    """Behind the next round's inner steps, normally; after the run's last round nothing hides it: the pipeline
+    drains and acts on it at once. A run with no set number of rounds never drains."""
+    assert not pc.settle_at_once(8, 10) and pc.settle_at_once(9, 10) and pc.settle_at_once(10, 10)
+    assert not pc.settle_at_once(10**6, float("inf"))

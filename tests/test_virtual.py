@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from gradnode.node.sim import virtual
+from gradnode.node.sim import scenario, virtual
 from gradnode.protocol import peer as peer_core
 
 # CI's depth: the sweeps below run about 900 seeded scenarios in 63 CPU-seconds alone (the bar: at least 500
@@ -87,7 +87,7 @@ def test_a_big_swarm_split_in_half_with_churn_applies_every_round_one_way() -> N
     half = ",".join(map(str, range(32))), ",".join(map(str, range(32, 64)))
     faults = f"partition:{half[0]}|{half[1]}@r10,heal@r20,kill:3@r5,restart:3@r8,kill:40@r12,restart:40@r16," \
              "join:60@r3,slow:7x5"
-    out = virtual.run(virtual.Scenario(peers=64, rounds=40, seed=11, **virtual.parse_faults(faults, 64)))
+    out = virtual.run(virtual.Scenario(peers=64, rounds=40, seed=11, **scenario.parse_faults(faults, 64)))
     assert out["violations"] == [] and out["final_hashes"] == 1 and not out["stalled"], out
 
 
@@ -99,7 +99,7 @@ def test_no_count_ends_while_the_missing_reports_could_move_it(monkeypatch: pyte
     from gradnode.protocol import round as core
 
     half = ",".join(map(str, range(32))), ",".join(map(str, range(32, 64)))
-    faults = virtual.parse_faults(f"partition:{half[0]}|{half[1]}@r10,heal@r20,kill:3@r5,restart:3@r8,"
+    faults = scenario.parse_faults(f"partition:{half[0]}|{half[1]}@r10,heal@r20,kill:3@r5,restart:3@r8,"
                                   "kill:40@r12,restart:40@r16,join:60@r3,slow:7x5", 64)
     out = virtual.run(virtual.Scenario(peers=64, rounds=40, seed=39, **faults))
     assert out["violations"] == [] and out["final_hashes"] == 1 and not out["stalled"], out
@@ -250,7 +250,7 @@ def test_churn_keeps_every_round_safe_and_the_live_peers_on_one_hash(name: str) 
     restarts = sum(item.startswith(("restart", "join")) for item in CHURN[name].split(","))
     for seed in seeds(SEEDS // 4):
         out = virtual.run(virtual.Scenario(peers=8, rounds=20, seed=seed, late_p=0.0,
-                                           **virtual.parse_faults(CHURN[name], 8)))
+                                           **scenario.parse_faults(CHURN[name], 8)))
         assert out["violations"] == [] and out["final_hashes"] == 1 and not out["stalled"], f"seed={seed}: {out}"
         assert out["waited_out"] == 0 and out["downloads"] + out["catchups"] == restarts, f"seed={seed}: {out}"
 
@@ -265,7 +265,7 @@ def test_a_restarted_peer_replays_what_it_missed_within_the_window_and_downloads
     for spec, extra, how in cases:
         for seed in seeds(5):
             out = virtual.run(virtual.Scenario(peers=8, rounds=20, seed=seed, late_p=0.0, **extra,
-                                               **virtual.parse_faults(spec, 8)))
+                                               **scenario.parse_faults(spec, 8)))
             assert out["violations"] == [] and out["final_hashes"] == 1, f"{spec} {extra} seed={seed}: {out}"
             assert out[how] == 1 and out["downloads"] + out["catchups"] == 1, f"{spec} {extra} seed={seed}: {out}"
 
@@ -273,7 +273,7 @@ def test_a_restarted_peer_replays_what_it_missed_within_the_window_and_downloads
 LIARS = 30  # seeds per kind of liar
 
 
-@pytest.mark.parametrize("kind", virtual.WITNESS_LIES)
+@pytest.mark.parametrize("kind", scenario.WITNESS_LIES)
 def test_a_minority_of_lying_witnesses_splits_nothing_and_keeps_out_nothing(kind: str) -> None:
     """Two liars of eight, one of them the lowest id (under the first-in-line rule it led every round), each a
     real core whose reports (or served updates) a policy rewrites: 'censor' lists only its own update,
@@ -305,7 +305,7 @@ CONTENT_SEEDS = 10
 SCREENS = {"signflip": {"direction", "reputation"}, "noise": {"direction", "reputation"}, "freerider": {"replay"}}
 
 
-@pytest.mark.parametrize("kind", virtual.CONTENT_LIES)
+@pytest.mark.parametrize("kind", scenario.CONTENT_LIES)
 def test_updates_that_do_not_help_count_for_little_and_without_the_screens_in_every_round(kind: str) -> None:
     """Robust learning's swarm attacks, one attacker of eight with a valid key and honest tokens, its update
     in the decided sets like anyone's (it reports honestly): 'signflip' sends its update negated, 'noise' a
@@ -336,7 +336,7 @@ def test_an_attacker_whose_updates_counted_before_is_banned_by_its_reputation() 
     noise sender, whose vector passes the direction screen now and then, is then left out by its reputation
     (two strikes in a row ban it) in some seeds. Without the reputation table it would count in those rounds."""
     banned = 0
-    for kind in virtual.CONTENT_LIES:
+    for kind in scenario.CONTENT_LIES:
         for seed in seeds(CONTENT_SEEDS // 2):
             out = virtual.run(virtual.Scenario(peers=8, rounds=16, seed=seed, late_p=0.0, liars=((3, kind),),
                                                lies_from=2))
@@ -524,7 +524,7 @@ def test_a_state_claimed_ahead_of_the_chain_is_taken_by_no_joiner(liars: str, ah
 
     def run(seed: int) -> dict:
         return virtual.run(virtual.Scenario(peers=8, rounds=20, seed=seed, late_p=0.0,
-                                            **virtual.parse_faults(f"{liars},{churn}", 8)))
+                                            **scenario.parse_faults(f"{liars},{churn}", 8)))
 
     for seed in seeds(10):
         out = run(seed)
@@ -587,21 +587,21 @@ def test_links_of_unequal_speed_that_lose_transfers_keep_every_round_safe(update
 
 
 def test_the_virtual_faults_name_what_is_modelled() -> None:
-    assert virtual.parse_liars("censor:0, equivocate:3", 8) == ((0, "censor"), (3, "equivocate"))
-    assert virtual.parse_liars("signflip:1,freerider:2,noise:5", 8) == ((1, "signflip"), (2, "freerider"), (5, "noise"))
-    assert virtual.parse_faults("censor:4,partition:0,1|2,3,4@r3,heal@r9", 5) == {
+    assert scenario.parse_liars("censor:0, equivocate:3", 8) == ((0, "censor"), (3, "equivocate"))
+    assert scenario.parse_liars("signflip:1,freerider:2,noise:5", 8) == ((1, "signflip"), (2, "freerider"), (5, "noise"))
+    assert scenario.parse_faults("censor:4,partition:0,1|2,3,4@r3,heal@r9", 5) == {
         "liars": ((4, "censor"),), "partition": ((0, 1), (2, 3, 4)), "partition_at": 3, "heal_at": 9}
-    assert virtual.parse_faults("slow:1x5,censor:0,slow:3x2.5", 8) == {"liars": ((0, "censor"),),
+    assert scenario.parse_faults("slow:1x5,censor:0,slow:3x2.5", 8) == {"liars": ((0, "censor"),),
                                                                        "slow": ((1, 5.0), (3, 2.5))}
-    assert virtual.parse_faults("drift:2,clock:3=-40,clock:1=+5", 4) == {
+    assert scenario.parse_faults("drift:2,clock:3=-40,clock:1=+5", 4) == {
         "liars": (), "drift_s": 2.0, "clock_off": ((3, -40.0), (1, 5.0))}
-    assert virtual.parse_faults("swizzle:1.5@r4", 4) == {"liars": (), "swizzle_at": 4, "swizzle_s": 1.5}
-    assert virtual.parse_faults("sybils:16", 4) == {"liars": (), "sybils": 16}
-    assert virtual.parse_faults("flood:8", 4) == {"liars": (), "sybils": 8, "sybils_ahead": 1000}
-    assert virtual.parse_faults("sybils:16,claims:3600", 4) == {"liars": (), "sybils": 16, "sybil_pace_s": 3600.0}
-    assert virtual.parse_liars("stretch:2", 4) == ((2, "stretch"),)
-    assert virtual.parse_faults("links:10,loss:0.05", 4) == {"liars": (), "link_spread": 10.0, "loss_p": 0.05}
-    assert virtual.parse_faults("kill:2@r4,restart:2@r6,stop:3@r5,join:1@r2", 4)["life"] == (
+    assert scenario.parse_faults("swizzle:1.5@r4", 4) == {"liars": (), "swizzle_at": 4, "swizzle_s": 1.5}
+    assert scenario.parse_faults("sybils:16", 4) == {"liars": (), "sybils": 16}
+    assert scenario.parse_faults("flood:8", 4) == {"liars": (), "sybils": 8, "sybils_ahead": 1000}
+    assert scenario.parse_faults("sybils:16,claims:3600", 4) == {"liars": (), "sybils": 16, "sybil_pace_s": 3600.0}
+    assert scenario.parse_liars("stretch:2", 4) == ((2, "stretch"),)
+    assert scenario.parse_faults("links:10,loss:0.05", 4) == {"liars": (), "link_spread": 10.0, "loss_p": 0.05}
+    assert scenario.parse_faults("kill:2@r4,restart:2@r6,stop:3@r5,join:1@r2", 4)["life"] == (
         ("join", 1, 2), ("kill", 2, 4), ("stop", 3, 5), ("restart", 2, 6))
     for spec, words in [("partition:0,1|2@r3", "list every peer"), ("heal@r4", "needs an earlier partition"),
                         ("partition:0|1,2,3@r2,heal@r3,partition:0,1|2,3@r5", "one partition"),
@@ -612,11 +612,11 @@ def test_the_virtual_faults_name_what_is_modelled() -> None:
                         ("claims:x", "claims:S"), ("claims:1.2.3", "claims:S"), ("sybils:2,claims:1,claims:2", "once"),
                         ("claims:5", "add sybils:N")]:
         with pytest.raises(ValueError, match=words):
-            virtual.parse_faults(spec, 4)
+            scenario.parse_faults(spec, 4)
     for spec, words in [("kill:1@r2", "not modelled"), ("censor:9", "does not exist"),
                         ("censor:1,withhold:1", "has a fault already"), ("censor:0,censor:1", "fewer than half")]:
         with pytest.raises(ValueError, match=words):
-            virtual.parse_liars(spec, 8 if "fewer" not in words else 4)
+            scenario.parse_liars(spec, 8 if "fewer" not in words else 4)
 
 
 def _repair(p: virtual.VPeer) -> peer_core.Resync:

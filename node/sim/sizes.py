@@ -1,6 +1,6 @@
 """The encoded size of each record the virtual simulator counts: real records (protocol/records.py) of
-typical content, encoded as the node encodes them, so that a record's bytes grow with what it lists exactly as
-the node's do. Sizes are what a DHT read returns (the record's bytes); the DHT's own framing is not counted."""
+typical content, encoded by protocol/records.py, so that a record's bytes grow with what it lists exactly as
+a real one's do. Sizes are what a DHT read returns (the record's bytes); the DHT's own framing is not counted."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ SIGNED_BYTES = 256  # the update's RSA-2048 signature (wire.attach_signature)
 
 
 def update_bytes(cfg: "Config", model_params: int | None = None) -> int:
-    """The wire size of one peer's update, as the node's codec writes it: the config's model (every tensor at
+    """The wire size of one peer's update, as protocol/wire.py writes it: the config's model (every tensor at
     its own shape; small ones are sent whole), or a model of ``model_params`` parameters in full chunks
     (measured on SAMPLE_PARAMS of them and scaled: a large model is almost all big matrices). Values are
     Gaussian (a pseudo-gradient's top-k positions are spread like theirs); the encoder is the node's own."""

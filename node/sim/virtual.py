@@ -8,7 +8,7 @@ What is modelled, and how:
   round's reports again (``RoundCore.settle``) and applies it. This is the node's pipeline
   (node/swarm/peer.py). While it computes, the peer reads the announcements every ``POLL_S`` and cuts its
   steps short at the round's cut time (``round.cut_at``, as node/swarm/clock.py: a slow peer runs fewer steps);
-  a peer whose cut time for a round is nearer than its fewest steps abstains from it (``round.too_late``:
+  a peer whose cut time for a round is nearer than its fewest steps sits it out (``peer_core.to_compute``:
   an abstaining report at once, its compute for the next round, and the round it sat out observed and
   applied as the others decided it).
 - The DHT and the streams are one delay per delivery: every record a peer writes reaches each other peer
@@ -16,16 +16,16 @@ What is modelled, and how:
   record from one reader for a while, as the real one does); a key's newest value wins (a late copy of an
   older record changes nothing). A peer reads what reached it at its polls (every ``round.POLL_S``, at a
   phase of its own): records, announcements, reports and its fetches' ends, in the order they came, and
-  each of its round cores takes one poll's events as one batch, as the node's agreement feeds its core (a
+  each of its round cores takes one poll's events as one batch, as agreement.Agreement feeds the same core (a
   split between reader and writer at the poll loses what came, a clogged link holds it). The poll that reads
   an announcement starts the update's fetch, and the first poll after it ended (``update_bytes / bandwidth``
-  after the link's latency) verifies it, as the node's exchange starts and reaps its fetches. A reader keeps
+  after the link's latency) verifies it (exchange.RoundExchange starts and reaps its fetches so). A reader keeps
   what reached it (a round re-opened after a re-sync reads the same records again).
 - Member records: every peer publishes the tail of its chain after each round and every heartbeat
   (``min(10 s, record_ttl_s / 3)``); a peer's view of the swarm (``core.View``: who is live, present, two
   rounds ahead) is the records it saw within ``record_ttl_s``, re-read at least every heartbeat while a
-  round waits, as the node polls. A record also claims its writer's round time (its last round's seconds a
-  step times ``inner_steps``, as the node's member record): a peer paces a round (its deadline window, its
+  round waits (the node polls them). A record also claims its writer's round time (its last round's seconds
+  a step times ``inner_steps``: a member record's step_seconds): a peer paces a round (its deadline window, its
   cut time) on the lower median of the claims in its sight of the last round's senders, its own time before
   it applied one (``round.pace``, as Clock.round_seconds), read when it sets out to compute the round and when
   its core opens. Nobody is handed the swarm's true pace.
@@ -35,8 +35,8 @@ What is modelled, and how:
 - A peer's weights are a hash chain: the hash of round r is the hash of round r - 1 and the set applied.
   After applying round r a peer publishes that hash, with its member record. After applying the next it reads
   the reports of r and the tails in its sight, and after applying the one after, its peer core decides
-  (protocol/peer.py, the node's own rules between rounds: stay, re-sync, or follow the winning chain); in the
-  run's last rounds it decides at once (the node's drain). A re-sync adopts the newest state a peer offers
+  (protocol/peer.py, the node's own rules between rounds: stay, re-sync, or follow the winning chain); after
+  the run's last round it decides at once (``peer_core.settle_at_once``). A re-sync adopts the newest state a peer offers
   that the core's ``Resync`` allows, after a download time. It knows a donor by its record only: one whose
   process died or whose link is cut costs a stream's open timeout (``OPEN_S``), and with no donor of the
   newest state in reach the download retries until it gives up and the peer looks again.
@@ -86,7 +86,6 @@ import heapq
 import math
 import operator
 import random
-import re
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable
@@ -94,6 +93,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, NamedTuple
 
 from gradnode.node.sim import sizes, traffic
+from gradnode.node.sim.scenario import Scenario
 from gradnode.protocol import committee
 from gradnode.protocol import chain
 from gradnode.protocol import peer as peer_core
@@ -108,157 +108,19 @@ from gradnode.protocol.votes import CONTRIBUTOR_ROUNDS
 from gradnode.protocol.witness import Counts, eligible_witnesses
 
 TAIL = 4  # rounds of its chain a peer publishes (protocol/chain.py)
-VOTES = ("contributors", "ledger", "everyone")  # Scenario.votes
 FINAL_CHECK_S = 10.0  # after its last round a peer checks that round's hash against the others' this much later
 OFFER_POLL_S = 0.5  # how often a peer looking for a state offer reads the offers again (statesync.fetch)
 OPEN_S = 5.0  # a stream to a donor whose process died or whose link is cut fails after this (transport._OPEN_S)
-WITNESS_LIES = ("censor", "equivocate", "withhold")  # liars about what they hold (see the module's docstring)
-CONTENT_LIES = ("signflip", "noise", "freerider")  # honest witnesses whose updates do not help
-# honest witnesses and updates whose member records lie: an hour a round (PACE_LIE_S), a state far ahead
-CLAIM_LIES = ("stretch", "futurestate")
-LIAR_KINDS = WITNESS_LIES + CONTENT_LIES + CLAIM_LIES  # the adversaries modelled
 PACE_LIE_S = 3600.0  # the round time a 'stretch' liar's records claim
 FUTURE_ROUNDS = 10**6  # how far past its newest round a 'futurestate' liar's records claim a state (adversary.py)
-DIM = 64  # an update's content: a vector this long (the robust rule judges it as the node judges tensors)
+DIM = 64  # an update's content: a vector this long (protocol/screening.py judges it, as it judges tensors)
 NOISE = 1.0  # an honest update: the round's true direction (unit) plus noise of this norm (cosines ~0.5)
 DRIFT = 0.8  # the cosine of one round's true direction to the last's (the loss surface changes slowly)
-LIFE_ACTIONS = ("kill", "stop", "restart", "join")
 RETRY_S = 1.0  # a lost transfer is noticed and retried this much later (the transport's timeout and retry)
 POLLS_PER_S = 1 / core.POLL_S  # a peer's polls of the DHT a second (it reads what reached it at each, _read_mail)
 POLL_S = 0.5  # how often a computing peer reads the announcements for its cut time (clock.RoundClock.POLL_S)
 MEMBERS_READ_S = 0.5  # how often a running peer reads the member records (Membership.members: max_age)
 BLOB_BUDGET = 1 << 30  # the bytes of blobs a peer holds, oldest evicted first (transport.Transport's blob_budget)
-
-
-@dataclass(frozen=True)
-class Scenario:
-    peers: int = 8
-    rounds: int = 20
-    seed: int = 0
-    compute_s: float = 2.0  # a median peer's round of inner steps
-    spread: float = 0.2  # each round's compute time: compute_s x U(1 - spread, 1 + spread) x the peer's slowness
-    latency_s: float = 0.05
-    jitter_s: float = 0.05
-    late_p: float = 0.01
-    late_s: float = 8.0
-    bandwidth_bps: float = 20e6
-    update_bytes: int = 20_000
-    state_bytes: int = 2_000_000
-    params: core.Params = core.Params(min_deadline_s=2.0, max_wait_s=60.0)
-    liars: tuple[tuple[int, str], ...] = ()  # (peer index, one of LIAR_KINDS)
-    # how a decided set is aggregated: 'robust' (the node's default, protocol/screening.py's screens and the
-    # reputation table over the updates' vectors; a screened-out sender is no contributor) or 'mean' (every
-    # update in the set counts: the rule before the screens)
-    aggregation: str = "robust"
-    lies_from: int = 0  # the round from which the unhelpful kinds (CONTENT_LIES) lie; honest before it
-    rule: str = "witnesses"  # or 'leader': the lowest-id witness's report decides (the rule before witnesses)
-    # a network split: the peers of each group (indices) reach only each other from the first announcement of
-    # round ``partition_at`` until the first of round ``heal_at`` (-1: never healed)
-    partition: tuple[tuple[int, ...], ...] = ()
-    partition_at: int = 0
-    heal_at: int = -1
-    # or the split heals this many virtual seconds after it fell (-1: at ``heal_at``): a swarm that a split stops
-    # (a drawn committee's round waits for a majority of its witnesses) never reaches the round that would heal it
-    heal_after_s: float = -1.0
-    record_ttl_s: float = 30.0  # a member record unseen this long is gone (swarm.record_ttl_s)
-    slow: tuple[tuple[int, float], ...] = ()  # (peer index, factor): stragglers, every step that much slower
-    inner_steps: int = 8  # a round's inner steps (inner.steps), cut short at the round's cut time
-    min_steps: int = 1  # the fewest steps a peer runs before its steps may be cut (swarm.min_steps)
-    # clock drift: each peer's wall clock is off by U(-drift_s, drift_s) (or ``clock_off``: (peer, seconds)).
-    # The DHT's times are wall-clock times: an announcement's age is the reader's clock minus the time the
-    # announcer stamped (clamped to 0..600 s, as clock.Deadline), and a record expires on the writer's clock
-    drift_s: float = 0.0
-    clock_off: tuple[tuple[int, float], ...] = ()
-    # (peer index, seconds): a peer whose process starts that late into the run, its first record and its round 0
-    # then (no look for a newer state: only the cut time and abstaining bring it into the others' phase)
-    starts: tuple[tuple[int, float], ...] = ()
-    # swizzle-clogging (FoundationDB's): from the first announcement of round ``swizzle_at``, a random half of
-    # the links between peers clog one by one every ``swizzle_s`` seconds, then unclog one by one in another
-    # random order; what a clogged link carries arrives when it unclogs (a stalled connection, not a loss)
-    swizzle_at: int = -1
-    swizzle_s: float = 2.0
-    # keys of an attacker's own making (the process tests' 'sybilvotes'): they never send an update, and every
-    # heartbeat publish 'training' member records following a chain of hashes nobody holds, at the swarm's
-    # newest round, and report those hashes for every round. ``votes``: whose chain and weight report counts
-    # (everyone's before a peer applied a round): 'contributors' (the node's rule, protocol/votes.py: a key
-    # whose updates the peer's chain applied in the last 64 rounds, the shared contributors ledger, or one of
-    # whose updates the peer verified outside its set in those rounds and the screens count), 'ledger' (the rule
-    # before, the ledger alone: a peer that forked alone in round 0 counts only its own chain's contributors,
-    # itself and whoever was in its set, and a healed split with late records ended on two hashes) or 'everyone'
-    sybils: int = 0
-    sybils_ahead: int = 0  # rounds past the swarm's newest that the sybils' records claim (the 'flood': 1000)
-    votes: str = "contributors"
-    # the round time the sybil keys' records claim (0: none, as before). A record costs nothing to make: the node
-    # paces its rounds on the lower median of the claims of the last round's senders only (``pace``:
-    # 'contributors'), never of every record in sight ('everyone': the rule an attacker would want)
-    sybil_pace_s: float = 0.0
-    pace: str = "contributors"
-    # a round's eligible witnesses: 'live' (the live trainers when deciding starts) or 'ledger' (the node's
-    # eligible_witnesses: contributors of the last 8 rounds). The tests run 'live'; under 'ledger' splits and
-    # swizzles converge later and a 20x straggler re-syncs now and then with timely records (docs/notes/swarm.md,
-    # "Not done": not understood yet)
-    eligible: str = "live"
-    # churn, fired at the first announcement of a round: ('kill' | 'stop' | 'restart' | 'join', peer, round).
-    # kill: the process dies (its record goes stale); stop: it leaves and says so; restart: it comes back with
-    # its disk (its state) and nothing else; join: it starts then (not before), with nothing
-    life: tuple[tuple[str, int, int], ...] = ()
-    # per-link networks: each peer's link has a bandwidth drawn log-uniformly in [bandwidth_bps / link_spread,
-    # bandwidth_bps] and a one-way latency in [latency_s, latency_s x link_spread]; a transfer between two
-    # peers runs at the slower one's bandwidth after the mean of their latencies. ``loss_p``: each transfer
-    # attempt (an update fetch, a state download) is lost with that probability and retried after RETRY_S
-    # (the transport's retry); the DHT's records are never lost, they come late (``late_p``)
-    link_spread: float = 1.0
-    loss_p: float = 0.0
-    # a restarted peer that kept its disk replays the rounds it missed (fetches their updates and applies them)
-    # when they are at most this many and weigh less than the state, else downloads the state
-    # (swarm.catchup_rounds; protocol/sync.py replay_or_download, as node/swarm/sync.py decides); 0: always download
-    catchup_rounds: int = 8
-    # the model the updates are of (0: none named; ``update_bytes`` is then what it is): `simulate --virtual`
-    # sets update_bytes to the codec's wire size of the config's model, or of this many parameters
-    model_params: int = 0
-    own_copies: int = 2  # copies of its own update a sender serves per window (swarm.own_update_copies; 0: no cap)
-    # trainers in sight, itself included, before a peer starts its first round (swarm.min_peers; `simulate
-    # --virtual` sets the config's, 2 by default). 1: every peer starts at once, as the tests' scenarios do: a
-    # peer whose first round is shorter than a record's way then decides it alone
-    min_peers: int = 1
-    dht_read_s: float = 0.1  # one DHT read's seconds: a poll loop's period is its wait plus its reads
-    busy_s: float = 0.0  # a peer's seconds a round outside its inner steps and its waits (applying, checkpoints)
-    # a drawn committee a round (protocol/committee.py): (contributors, witnesses, newcomers); () none, everyone
-    # contributes. Its witnesses are the round's eligible ones, whatever ``eligible`` says
-    committee: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        for index, kind in self.liars:
-            if kind not in LIAR_KINDS or not 0 <= index < self.peers:
-                raise ValueError(f"liar {index}:{kind}: a peer 0..{self.peers - 1} and one of {', '.join(LIAR_KINDS)}")
-        if self.votes not in VOTES or self.sybils < 0 or self.eligible not in ("live", "ledger"):
-            raise ValueError(f"votes {self.votes!r}: one of {', '.join(VOTES)}; sybils >= 0")
-        if self.pace not in ("contributors", "everyone") or not self.sybil_pace_s >= 0:
-            raise ValueError(f"pace {self.pace!r}: 'contributors' or 'everyone'; sybil_pace_s >= 0")
-        if self.aggregation not in ("robust", "mean"):
-            raise ValueError(f"aggregation {self.aggregation!r}: 'robust' or 'mean'")
-        if self.rule not in ("witnesses", "leader"):
-            raise ValueError(f"rule {self.rule!r}: 'witnesses' or 'leader'")
-        for action, index, _ in self.life:
-            if action not in LIFE_ACTIONS or not 0 <= index < self.peers:
-                raise ValueError(f"{action}:{index}: one of {', '.join(LIFE_ACTIONS)} and a peer 0..{self.peers - 1}")
-        for index, factor in self.slow:
-            if not 0 <= index < self.peers or not 1.0 <= factor <= 100.0:
-                raise ValueError(f"slow {index}x{factor}: a peer 0..{self.peers - 1} and a factor in 1..100")
-        if self.drift_s < 0 or any(not 0 <= i < self.peers for i, _ in self.clock_off):
-            raise ValueError(f"drift_s >= 0 and clock_off of peers 0..{self.peers - 1}")
-        joining = {i for action, i, _ in self.life if action == "join"}
-        if any(not 0 <= i < self.peers or i in joining or not s >= 0 for i, s in self.starts):
-            raise ValueError(f"starts: peers 0..{self.peers - 1} that do not join later, each after >= 0 s")
-        if not 1 <= self.min_steps <= self.inner_steps:
-            raise ValueError(f"min_steps {self.min_steps}: 1..inner_steps ({self.inner_steps})")
-        if self.committee and len(self.committee) != 3:
-            raise ValueError(f"committee {self.committee}: (contributors, witnesses, newcomers)")
-        committee.Budget(*self.committee)  # its own checks
-        cut = [i for g in self.partition for i in g]
-        if self.partition and (len(self.partition) < 2 or len(set(cut)) != len(cut)
-                               or not all(0 <= i < self.peers for i in cut)):
-            raise ValueError(f"partition {self.partition}: two or more groups of distinct peers 0..{self.peers - 1}")
 
 
 class _Offer(NamedTuple):
@@ -281,7 +143,7 @@ class VPeer:
     cores: dict[int, core.RoundCore] = field(default_factory=dict)
     newest: int = -1  # max(cores): the newest round it opened
     # what the DHT holds for it, by round: every round event delivered to it, replayed into a round's core when
-    # the round opens (a round re-opened after a re-sync reads the same records again, as the node does)
+    # the round opens (a round re-opened after a re-sync reads the same records again: the DHT still holds them)
     records_of: dict[int, list[Any]] = field(default_factory=lambda: defaultdict(list))
     # the announcers among them, by round: each one's first sighting (the first Announced of it in records_of)
     announcers_of: dict[int, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
@@ -791,7 +653,7 @@ class Simulation:
         return tails, rounds
 
     def _pace(self, p: VPeer) -> float:
-        """p's round time as the node's Clock.round_seconds reads it (``round.pace``): the lower median of the round
+        """p's round time (``round.pace``, which Clock.round_seconds reads too): the lower median of the round
         times that the member records in its sight claim, of the last round's senders (of every record in sight
         under ``pace='everyone'``), its own time counted as it measured it; before it applied a round, its own
         time (``min_deadline_s`` before it computed one)."""
@@ -808,13 +670,14 @@ class Simulation:
         if r >= self.sc.rounds:  # the run is over: the pipeline drains (the last round is applied when decided)
             self.at(max(self.now, p.busy_until), lambda gen=p.gen: self._computed(p, r, gen, 0))
             return
-        # the node's loop asks first whether the round is already too late for its fewest steps (not the last); the
-        # pace its records say now (clock.CutTime reads it when made: here and when the compute starts)
+        # whether the round is already too late for its fewest steps (peer_core.to_compute); the pace its records
+        # say now (clock.CutTime reads it when made: here and when the compute starts)
         pace = self._pace(p)
-        if may_abstain and r + 1 < self.sc.rounds and r not in p.applied and r not in p.reported and \
-                core.too_late(self.now, p.step_s, self.sc.min_steps, self._cut_at(p, r, False, pace)):
-            self._abstain(p, r)
-            self._compute(p, r + 1, may_abstain=False)
+        late = may_abstain and core.too_late(self.now, p.step_s, self.sc.min_steps, self._cut_at(p, r, False, pace))
+        nxt = peer_core.to_compute(r, self.sc.rounds, late)
+        if nxt.sat_out is not None:
+            self._abstain(p, nxt.sat_out)
+            self._compute(p, nxt.round, may_abstain=False)
             return
         t0 = max(self.now, p.busy_until) + self.sc.busy_s
         p.compute_from = {k: v for k, v in p.compute_from.items() if k >= r - 2}
@@ -852,9 +715,12 @@ class Simulation:
         return core.cut_at(*seen(r), window, pace, previous)
 
     def _abstain(self, p: VPeer, r: int) -> None:
-        """p sits round r out: it says so at once (nobody waits for its report) and observes the round later."""
+        """p sits round r out: it says so at once (nobody waits for its report; a report it made before, on any chain,
+        of it stands) and observes the round later."""
         p.abstained.add(r)
         self.abstained += not p.lie
+        if r in p.reported:
+            return
         sat_out = core.Report(p.id, "", abstain=True)
         self._broadcast(p, lambda q, now: self._deliver(q, r, core.ReportSeen(now, sat_out)))
 
@@ -1237,7 +1103,7 @@ class Simulation:
             settled = (counted[0].fps, 1) if counted else None
         fps = settled[0] if settled else b""
         p.applied[r] = fps
-        # the senders of the set, as the node knows them from the round's signed announcements (it fetches
+        # the senders of the set, known from the round's signed announcements (a peer fetches
         # what it applies: an update it never verified is in its ledger all the same)
         pairs = self._resolve(r, c.base, fps)
         p.sets[r] = frozenset(s for s, _ in pairs)
@@ -1372,12 +1238,10 @@ class Simulation:
         p.workers.update((q, r) for q in extra if q in kept)
 
     def _check(self, p: VPeer, r: int, last: bool = False) -> None:
-        """After applying round r + 1 (or at the end, ``last``): round r's hash check, read when the node's chores
-        read it, after it hands a round over (``_read_check``), and stepped through the peer core. The node settles the previous
-        round's chores first, then hands this one over (Peer._hand_off_chores): it acts on its findings after its
-        next round is applied, and they are read once a look for a state that found none has ended. So does the
-        simulator (``VPeer.chores``), except in the run's last rounds (the node's drain settles them at once) and at
-        the end."""
+        """After applying round r + 1 (or at the end, ``last``): round r's hash check, stepped through the peer
+        core. The previous round's check is settled first, then this one is handed over (``_hand_off``) and read
+        (``_read_check``): p acts on it after its next round is applied, or at once after the last
+        (``peer_core.settle_at_once``). A look for a state holds the hand-off until it ended."""
         if last:
             self._settle_check(p, r, replace(self._read_check(p, r), check=peer_core.Check.LAST))
             return
@@ -1392,12 +1256,12 @@ class Simulation:
             self._hand_off(p, r, gen)
 
     def _hand_off(self, p: VPeer, r: int, gen: int) -> None:
-        """The chores of round r's check are handed over and read now; settled at the next hand-off, or at once in
-        the run's last rounds (Peer._drain)."""
+        """The chores of round r's check are handed over and read now; settled at the next hand-off, or at once
+        after the run's last round."""
         if gen != p.gen or not p.alive:
             return
         found = self._read_check(p, r)
-        if r + 1 >= self.sc.rounds - 1:
+        if peer_core.settle_at_once(r + 1, self.sc.rounds):
             self._settle_check(p, r, found)
         else:
             p.chores = found
@@ -1563,125 +1427,6 @@ class Simulation:
                 "stalled": self.stalled, "per_round": [{"round": r, **self.per_round[r]} for r in sorted(self.per_round)],
                 "events": self.events, "virtual_s": round(self.now, 3), "wall_s": round(wall, 3),
                 "scenario": {k: v for k, v in asdict(self.sc).items() if k != "params"}}
-
-
-def parse_faults(spec: str | None, peers: int) -> dict[str, Any]:
-    """``--faults`` for ``--virtual``, as ``Scenario`` fields: lying witnesses (KIND:P, KIND one of LIAR_KINDS,
-    P a peer index), one network split with its heal, churn and stragglers, in the process simulator's
-    grammar (``partition:0,1|2,3@r3,heal@r12,kill:2@r4,restart:2@r6,stop:3@r5,join:5@r2,slow:1x5``), and
-    clocks off (``drift:S``: each peer's by U(-S, S) seconds; ``clock:P=S``: peer P's by S), and
-    swizzle-clogging (``swizzle@rN``, ``swizzle:S@rN``), ``sybils:N`` (keys of the attacker's making voting
-    for a made-up chain; votes counted per recent contributor), ``flood:N`` (the same keys, their records 1000
-    rounds ahead: the process tests' 'flood'; ``claims:S``: their records claim S seconds a round), and per-link
-    networks (``links:S``: each peer's link up to S times slower and S times farther than the fastest; ``loss:P``:
-    transfers lost and retried). ValueError names the item and what to write instead."""
-    from gradnode.node.sim import faults
-
-    items = [x.strip() for x in re.split(r",(?![0-9]+(?:[,|][0-9]+)*@r)", spec or "") if x.strip()]
-    modelled = faults.names_for(virtual=True)
-    for raw in items:
-        if re.split(r"[:@]", raw, maxsplit=1)[0] not in modelled:
-            raise ValueError(f"--faults: {raw!r} is not modelled by --virtual; it models {', '.join(modelled)} "
-                             "(`gradnode simulate --faults help` lists each with its grammar)")
-    clocks = [x for x in items
-              if x.startswith(("drift:", "clock:", "swizzle", "sybils:", "flood:", "claims:", "links:", "loss:"))]
-    timed = [x for x in items if x.startswith(("partition:", "heal@", "slow:", *(f"{a}:" for a in LIFE_ACTIONS)))]
-    out: dict[str, Any] = {"liars": parse_liars(",".join(x for x in items if x not in timed + clocks), peers)}
-    offsets: list[tuple[int, float]] = []
-    for raw in clocks:
-        net = re.fullmatch(r"(links|loss):([0-9.]+)", raw)
-        if net is not None:
-            field, value = ("link_spread", float(net[2])) if net[1] == "links" else ("loss_p", float(net[2]))
-            if field in out or (field == "link_spread" and value < 1) or (field == "loss_p" and not value < 1):
-                raise ValueError(f"--faults: {raw!r}: write links:S (links S times slower and S times farther at "
-                                 "most, S >= 1) or loss:P (each transfer lost with probability P < 1), once")
-            out[field] = value
-            continue
-        claim = re.fullmatch(r"claims:([0-9]+(?:\.[0-9]*)?)", raw)
-        if claim is not None and "sybil_pace_s" not in out:
-            out["sybil_pace_s"] = float(claim[1])
-            continue
-        if raw.startswith("claims:"):
-            raise ValueError(f"--faults: {raw!r}: write claims:S (the sybil keys' records claim S seconds a round), "
-                             "once")
-        n = re.fullmatch(r"(sybils|flood):([0-9]+)", raw)
-        if n is not None and "sybils" not in out:
-            out.update(sybils=int(n[2]), **({"sybils_ahead": 1000} if n[1] == "flood" else {}))
-            continue
-        if raw.startswith(("sybils:", "flood:")):
-            raise ValueError(f"--faults: {raw!r}: write sybils:N or flood:N (N keys of the attacker's making), once")
-        z = re.fullmatch(r"swizzle(?::([0-9.]+))?@r([0-9]+)", raw)
-        if z is not None and "swizzle_at" not in out:
-            out.update(swizzle_at=int(z[2]), **({"swizzle_s": float(z[1])} if z[1] else {}))
-            continue
-        if raw.startswith("swizzle"):
-            raise ValueError(f"--faults: {raw!r}: write swizzle@rN or swizzle:S@rN (links clog one every S seconds, "
-                             "default 2, from round N, then unclog), once")
-        m = re.fullmatch(r"drift:([0-9.]+)|clock:([0-9]+)=([+-]?[0-9.]+)", raw)
-        if m is None or m[1] is not None and "drift_s" in out:
-            raise ValueError(f"--faults: {raw!r}: write drift:S (every clock off by up to S seconds, once) or "
-                             "clock:P=S (peer P's clock S seconds off, e.g. clock:3=-40)")
-        if m[1] is not None:
-            out["drift_s"] = float(m[1])
-        elif int(m[2]) >= peers:
-            raise ValueError(f"--faults: {raw!r}: peer {m[2]} does not exist (peers are 0..{peers - 1})")
-        else:
-            offsets.append((int(m[2]), float(m[3])))
-    if offsets:
-        out["clock_off"] = tuple(offsets)
-    if "sybil_pace_s" in out and "sybils" not in out:
-        raise ValueError("--faults: claims:S is what the sybil keys claim: add sybils:N or flood:N")
-    sched = faults.parse(",".join(timed), peers, rounds=1 << 30) if timed else faults.Schedule()
-    slow = tuple((i, float(o.split("=", 1)[1])) for i, sets in sorted(sched.overrides.items())
-                 for o in sets if o.startswith("swarm.slowdown="))
-    if slow:
-        out["slow"] = slow
-    life: list[tuple[str, int, int]] = []
-    for e in sched.events:  # a join is an event too (and in sched.late)
-        if e.target == "bootstrap":
-            raise ValueError("--faults: --virtual has no bootstrap (every peer's records reach every other)")
-        if e.action == "partition" and "partition" in out:
-            raise ValueError("--faults: --virtual models one partition (and its heal) per run")
-        if e.action == "partition":
-            out.update(partition=e.groups, partition_at=e.round)
-        elif e.action == "heal":
-            out["heal_at"] = e.round
-        else:
-            life.append((e.action, int(e.target.split("-")[1]), e.round))
-    if life:
-        out["life"] = tuple(life)
-    return out
-
-
-def parse_committee(spec: str) -> tuple[int, int, int]:
-    """``K,W,J``: a round's drawn contributors, witnesses and newcomer slots (protocol/committee.py)."""
-    try:
-        k, w, j = (int(x) for x in spec.split(","))
-        committee.Budget(k, w, j)
-    except ValueError:
-        raise ValueError(f"--committee {spec!r}: K,W,J, three counts >= 0 with K and W both above 0") from None
-    if k == 0:
-        raise ValueError(f"--committee {spec!r}: K and W above 0")
-    return k, w, j
-
-
-def parse_liars(spec: str | None, peers: int) -> tuple[tuple[int, str], ...]:
-    """The lying witnesses of ``--faults`` for ``--virtual``: KIND:P items, comma-separated."""
-    out: list[tuple[int, str]] = []
-    for raw in (x.strip() for x in (spec or "").split(",") if x.strip()):
-        kind, _, index = raw.partition(":")
-        if kind not in LIAR_KINDS or not index.isdigit():
-            raise ValueError(f"--faults: {raw!r} is not modelled by --virtual; write KIND:P with KIND one of "
-                             f"{', '.join(LIAR_KINDS)}, or partition:G|G@rN, heal@rM, kill/stop/restart/join:P@rN, "
-                             "slow:PxF, drift:S, clock:P=S, swizzle@rN, sybils:N, flood:N, links:S, loss:P (the process "
-                             "simulator runs the other faults)")
-        if int(index) >= peers or int(index) in dict(out):
-            raise ValueError(f"--faults: {raw!r}: peer {index} does not exist or has a fault already "
-                             f"(peers are 0..{peers - 1})")
-        out.append((int(index), kind))
-    if 2 * len(out) >= peers:
-        raise ValueError(f"--faults: {len(out)} liars of {peers} peers: the rules assume fewer than half")
-    return tuple(out)
 
 
 def _unit(v: list[float]) -> list[float]:

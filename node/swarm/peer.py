@@ -355,22 +355,22 @@ class Peer:
         t_start = self.gauges.training_since = time.monotonic()
         while not self.stop.is_set() and self.engine.round + self._in_flight(pending) < target:
             self._wait_for_peers()  # never train alone by accident (swarm.min_peers)
-            computing, skipped = self._round_to_compute(pending, target)
-            stats = self._compute(computing)
+            nxt = self._round_to_compute(pending, target)
+            stats = self._compute(nxt.round)
             if pending is not None:
                 self._finish(pending)
                 pending = None
-            if skipped is not None and self.engine.round == skipped and not self.stop.is_set():
-                self._finish(self._observe(skipped))
-            if self.stop.is_set() or self.engine.round != computing or not stats.steps:
+            if nxt.sat_out is not None and self.engine.round == nxt.sat_out and not self.stop.is_set():
+                self._finish(self._observe(nxt.sat_out))
+            if self.stop.is_set() or self.engine.round != nxt.round or not stats.steps:
                 continue  # re-synced or stopping: this round's progress stays local
             with self.phases.time("update"):
                 pending = self._publish(stats.tokens)
             if not self.sw.overlap:
                 self._finish(pending)
                 pending = None
-            self._hand_off_chores()
-        return self._drain(pending, t_start)
+            self._hand_off_chores(target)
+        return self._drain(pending, t_start, target)
 
     def _prepare(self) -> None:
         """Resume our own checkpoint or start fresh, wait for the swarm, get level with it."""
@@ -428,16 +428,16 @@ class Peer:
         adopted a newer state meanwhile (its outcome will be dropped: that round is not ours to count)."""
         return int(pending is not None and pending.round == self.engine.round)
 
-    def _round_to_compute(self, pending: RoundExchange | None, target: float) -> tuple[int, int | None]:
-        """The round whose inner steps come next, and the round we abstain from to get there (if any)."""
+    def _round_to_compute(self, pending: RoundExchange | None, target: float) -> peer_core.Compute:
+        """The round whose inner steps come next, and the round sat out to get there, as the peer core says
+        (``to_compute``)."""
         computing = self.engine.round + self._in_flight(pending)
-        if computing + 1 < target:
-            with self.phases.time("deadline_poll"):
-                late = self.clock.too_late_for(computing)
-            if late:
-                self._abstain(computing)
-                return computing + 1, computing
-        return computing, None
+        with self.phases.time("deadline_poll"):
+            late = self.clock.too_late_for(computing)
+        nxt = peer_core.to_compute(computing, target, late)
+        if nxt.sat_out is not None:
+            self._abstain(nxt.sat_out)
+        return nxt
 
     def _compute(self, round_: int) -> RoundStats:
         """Inner steps for ``round_``, stopped by the round clock (a slow peer runs fewer)."""
@@ -672,11 +672,14 @@ class Peer:
         for name, t in own.update.tensors.items():
             self.engine.start[name].add_(t.to(self.engine.start[name].device, self.engine.start[name].dtype))
 
-    def _hand_off_chores(self) -> None:
+    def _hand_off_chores(self, target: float) -> None:
         """Between rounds: settle the previous round's chores (re-syncing if they found our hash off the
-        majority), hand this round's over, and stop serving updates older than the catch-up window."""
+        majority), hand this round's over, and stop serving updates older than the catch-up window. After the
+        run's last round they are settled at once (``peer_core.settle_at_once``)."""
         self._settle_chores()
         self.chores.hand_off(self.engine, self.history)
+        if peer_core.settle_at_once(self.engine.round - 1, target):
+            self._settle_chores()
         keep = max(3, self.sw.catchup_rounds + 1)  # applied updates stay served for the catch-up window
         self.transport.blobs.drop(lambda n: not n.startswith(ROUND_BLOBS) or
                                   int(n.split("/")[2]) >= self.engine.round - keep)
@@ -749,14 +752,14 @@ class Peer:
         health.write(self.cfg.run.output_dir, view=self.chains, round_=self.engine.round if self.engine else 0,
                      expected=self.sw.expected_peers, waiting=self.waiting, clock=self.skew, finished=finished)
 
-    def _drain(self, pending: RoundExchange | None, t_start: float) -> float:
+    def _drain(self, pending: RoundExchange | None, t_start: float, target: float) -> float:
         """The pipeline drains: the last round's exchange has no next round to hide behind (once per
         run). Returns the training loop's wall time."""
         t0, wait_before = time.monotonic(), self.tally.wait_s
         if pending is not None:
             self._finish(pending)
-            self._hand_off_chores()
-        self._settle_chores()
+            self._hand_off_chores(target)
+        self._settle_chores()  # a stop before the last round left some handed off: acted on now
         self.tally.drain_s, self.tally.drain_wait_s = time.monotonic() - t0, self.tally.wait_s - wait_before
         return time.monotonic() - t_start
 

@@ -1064,7 +1064,7 @@ def simulate_cmd(peers: int = typer.Option(4, "--peers", "-n", min=1, max=4096, 
 def _simulate_virtual(peers: int, rounds: int, seed: int, config: Optional[Path], overrides: list[str],
                       faults_spec: Optional[str], late: float, as_json: bool, model_params: Optional[int],
                       round_s: float, committee: Optional[str] = None) -> None:
-    from gradnode.node.sim import scenario, virtual
+    from gradnode.node.sim import scenario, summary, virtual
 
     try:
         faults = scenario.parse_faults(faults_spec, peers)
@@ -1079,7 +1079,7 @@ def _simulate_virtual(peers: int, rounds: int, seed: int, config: Optional[Path]
     if as_json:
         typer.echo(json.dumps(out))
     else:
-        virtual.print_summary(out)
+        summary.print_summary(out)
     if out["final_hashes"] != 1 or out["stalled"]:
         raise typer.Exit(1)
 

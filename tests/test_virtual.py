@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from gradnode.node.sim import scenario, virtual
+from gradnode.node.sim import scenario, sight, states, virtual
 from gradnode.protocol import peer as peer_core
 
 # CI's depth: the sweeps below run about 900 seeded scenarios in 63 CPU-seconds alone (the bar: at least 500
@@ -520,7 +520,7 @@ def test_a_state_claimed_ahead_of_the_chain_is_taken_by_no_joiner(liars: str, ah
     witnesses were asked before a count) unless a peer off the reports' majority for three looks with no verdict
     re-syncs (chain.Follow, UNSETTLED_LOOKS)."""
     churn = "join:6@r4,kill:2@r3,restart:2@r9,join:7@r12"
-    monkeypatch.setattr(virtual, "FUTURE_ROUNDS", ahead)
+    monkeypatch.setattr(sight, "FUTURE_ROUNDS", ahead)
 
     def run(seed: int) -> dict:
         return virtual.run(virtual.Scenario(peers=8, rounds=20, seed=seed, late_p=0.0,
@@ -697,7 +697,7 @@ def test_a_donor_is_known_by_its_record_only_and_one_out_of_reach_costs_a_timeou
     sim.peers["p0001"].alive = False
     sim._resync(p, 0, _repair(p))
     assert p.resyncs == 1 and p.hashes[1] == "b1"
-    assert p.busy_until == sim.now + virtual.OPEN_S + sim._transfer_s(None, p.id, sim.sc.state_bytes)
+    assert p.busy_until == sim.now + states.OPEN_S + sim._transfer_s(None, p.id, sim.sc.state_bytes)
     # both dead: the download retries them for max(10, 60 / 2) s, and the offers are read again a second later
     sim, p = looking()
     sim.peers["p0001"].alive = sim.peers["p0002"].alive = False

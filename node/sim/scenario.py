@@ -14,7 +14,7 @@ from gradnode.protocol import round as core
 VOTES = ("contributors", "ledger", "everyone")  # Scenario.votes
 WITNESS_LIES = ("censor", "equivocate", "withhold")  # liars about what they hold (virtual.py's docstring)
 CONTENT_LIES = ("signflip", "noise", "freerider")  # honest witnesses whose updates do not help
-# honest witnesses and updates whose member records lie: an hour a round (virtual.PACE_LIE_S), a state far ahead
+# honest witnesses and updates whose member records lie: an hour a round (sight.PACE_LIE_S), a state far ahead
 CLAIM_LIES = ("stretch", "futurestate")
 LIAR_KINDS = WITNESS_LIES + CONTENT_LIES + CLAIM_LIES  # the adversaries modelled
 LIFE_ACTIONS = ("kill", "stop", "restart", "join")

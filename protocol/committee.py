@@ -89,6 +89,18 @@ class Committee:
         return key in self.contributors or key not in self.pool
 
 
+def reports(key: str, drawn: Committee | None, sends: bool, observes: bool) -> bool:
+    """Whether ``key`` witnesses a round (publishes a report on it). Without a drawn committee: when it sends an
+    update. With one: when the committee drew it as a witness, whether it sends or not (an undrawn contributor
+    still witnesses). Never when it observes the round: it sat the round out and said it abstains, or it
+    reported on the chain it left since."""
+    if observes:
+        return False
+    if drawn is not None and drawn.pool:
+        return key in drawn.witnesses
+    return sends
+
+
 def seed(state_hash: str, round_: int) -> bytes:
     """The draw's seed for round ``round_``: the hash of the state it is drawn from, and the round."""
     return hashlib.sha256(f"gradnode/committee/{round_}/{state_hash}".encode()).digest()

@@ -32,7 +32,7 @@ rounds. (When every key a peer knows is banned, its ledger's keys count, banned 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 CONTRIBUTOR_ROUNDS = 64  # the ledger's memory (train/engine.py) and the verified updates' here
 
@@ -49,3 +49,20 @@ def voters(ledger: Mapping[str, int], verified: Mapping[str, int], round_: int,
     recent = round_ - CONTRIBUTOR_ROUNDS
     keys = frozenset(ledger).union(p for p, r in verified.items() if r > recent)
     return keys.difference(banned) or frozenset(ledger)
+
+
+def workers_after(workers: Mapping[str, int], round_: int, verified: Collection[str], me: str,
+                  decided: Collection[str], ledger: Collection[str],
+                  kept: Callable[[], Collection[str]]) -> dict[str, int]:
+    """The senders a peer verified working beside it (``voters``' ``verified``) once it verified round
+    ``round_``'s updates of ``verified``: those outside the set it applies (``decided``), the ledger and itself
+    that the screens count among all it verified (``kept``, run only when there are such senders: screens cost
+    about what an apply does) join as of this round; those older than CONTRIBUTOR_ROUNDS are forgotten. A new
+    dict: other threads read the old one."""
+    extra = [s for s in verified if s != me and s not in decided and s not in ledger]
+    if not extra:
+        return dict(workers)
+    counted = kept()
+    out = {s: r for s, r in workers.items() if r > round_ - CONTRIBUTOR_ROUNDS}
+    out.update((s, round_) for s in extra if s in counted)
+    return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gradnode.protocol.votes import CONTRIBUTOR_ROUNDS, voters
+from gradnode.protocol.votes import CONTRIBUTOR_ROUNDS, voters, workers_after
 
 keys = st.sampled_from([f"k{i}" for i in range(8)])
 rounds = st.integers(min_value=0, max_value=200)
@@ -28,3 +28,18 @@ def test_voters_are_drawn_from_the_ledger_and_the_window_only(ledger, verified, 
     assert out <= set(ledger) | recent
     if out - set(ledger) or not set(ledger) <= set(banned):  # not the all-banned fallback
         assert out == (set(ledger) | recent) - set(banned)
+
+
+def test_a_sender_verified_outside_the_set_votes_once_the_screens_count_it() -> None:
+    """Outside the set, the ledger and itself, a verified sender joins the workers when the screens count it
+    (not 'x': screened out); workers older than CONTRIBUTOR_ROUNDS are forgotten; with no such sender the
+    screens never run (they cost what an apply does)."""
+    old = {"w": 10 - CONTRIBUTOR_ROUNDS, "v": 9}
+    got = workers_after(old, 10, ["me", "a", "b", "l", "x"], "me", decided=["a"], ledger=["l"],
+                        kept=lambda: {"a", "b", "l", "me"})
+    assert got == {"v": 9, "b": 10} and old == {"w": 10 - CONTRIBUTOR_ROUNDS, "v": 9}  # a new dict
+
+    def never() -> set[str]:
+        raise AssertionError("screens run with nobody to judge")
+
+    assert workers_after(old, 10, ["me", "a", "l"], "me", decided=["a"], ledger=["l"], kept=never) == old

@@ -21,9 +21,9 @@ from collections.abc import Iterable
 
 from gradnode.node.sim.vpeer import VPeer
 from gradnode.protocol import round as core
+from gradnode.protocol import votes
 from gradnode.protocol.records import resolve
 from gradnode.protocol.screening import Screen, judge
-from gradnode.protocol.votes import CONTRIBUTOR_ROUNDS
 
 DIM = 64  # an update's content: a vector this long (protocol/screening.py judges it, as it judges tensors)
 NOISE = 1.0  # an honest update: the round's true direction (unit) plus noise of this norm (cosines ~0.5)
@@ -119,21 +119,21 @@ class Content:
 
     def _note_workers(self, p: VPeer, c: core.RoundCore, r: int) -> None:
         """The senders of round r's updates p verified outside the set it applies, whose update the screens
-        count among all it verified (the node's Peer._note_workers; judged once per chain and pool): they vote
-        (protocol/votes.py). Before the round's aggregate moves p's reputation table."""
-        pool = tuple(sorted((s, d) for s, d in c.verified.items() if s not in c.doubted))
-        extra = [s for s, _ in pool if s != p.id and s not in p.sets[r] and s not in p.ledger]
-        if not extra or self.sc.votes != "contributors":
+        count among all it verified (protocol/votes.py ``workers_after``; judged once per chain and pool): they
+        vote. Before the round's aggregate moves p's reputation table."""
+        if self.sc.votes != "contributors":
             return
-        if self.sc.aggregation == "mean":
-            kept = frozenset(extra)
-        else:
+        pool = tuple(sorted((s, d) for s, d in c.verified.items() if s not in c.doubted))
+
+        def kept() -> frozenset[str]:
+            if self.sc.aggregation == "mean":
+                return frozenset(s for s, _ in pool)
             key = (c.base, pool)
             if key not in self._kept:
                 self._kept[key] = frozenset(s.sender for s in self._screens(p, r, pool) if s.weight > 0)
-            kept = self._kept[key]
-        p.workers = {q: k for q, k in p.workers.items() if k > r - CONTRIBUTOR_ROUNDS}
-        p.workers.update((q, r) for q in extra if q in kept)
+            return self._kept[key]
+
+        p.workers = votes.workers_after(p.workers, r, [s for s, _ in pool], p.id, p.sets[r], p.ledger, kept)
 
 
 def _unit(v: list[float]) -> list[float]:

@@ -466,9 +466,10 @@ class Simulation(Network, Sight, Content, States, Summary):
         # the node's rule ('ledger'): the contributors of the last WITNESS_WINDOW rounds; 'live': the live
         # trainers when deciding starts (docs/notes/swarm.md, "Not done": the two differ in the simulator's results)
         eligible = frozenset(eligible_witnesses(p.ledger, r)) if self.sc.eligible == "ledger" else frozenset()
-        drawn, witness = self._committee(p, r), None
+        drawn = self._committee(p, r)
+        witness = committee.reports(p.id, drawn, sends=sender, observes=r in p.abstained)
         if drawn is not None and drawn.pool:  # its drawn witnesses, and none of the others
-            eligible, witness = drawn.witnesses, p.id in drawn.witnesses
+            eligible = drawn.witnesses
         c = core.RoundCore(self.sc.params, r, p.id, eligible, sender, p.hashes[r - 1], self._pace(p), self.now,
                            witness=witness, committee=drawn, witnessed=self._witnessed)
         p.cores[r] = c

@@ -140,7 +140,7 @@ class RoundExchange(threading.Thread):
     def __init__(self, *, transport: Transport, membership: Membership, cfg: SwarmConfig, run_id: str,
                  round_: int, blob: bytes | None, tokens: int, round_seconds: float, rules: UpdateRules,
                  rejections: Rejections, stop: threading.Event, base: str, eligible: list[str] | None = None,
-                 leaving: threading.Event | None = None, witness: bool = True,
+                 leaving: threading.Event | None = None, witness: bool = False,
                  equivocators: Equivocators | None = None,
                  judge: Callable[[Any, float | None], str | None] | None = None,
                  committee: Committee | None = None) -> None:
@@ -151,10 +151,10 @@ class RoundExchange(threading.Thread):
         self.judge = judge  # the witness's loss check of another peer's update: a rejection reason, or None
         self.me = transport.peer_id
         self.observer = blob is None  # no update of its own: it counts the others' reports
-        # an observer reports nothing, but for a drawn witness of a committee's round it sat out
+        # ``witness``: whether it reports (the peer asks committee.reports)
         self.committee = committee  # the round's drawn committee (protocol/committee.py); None: everyone sends
         self.agreement = Agreement(members=membership, cfg=cfg, run_id=run_id, round_=round_, me=self.me,
-                                   eligible=eligible, witness=witness and (not self.observer or committee is not None),
+                                   eligible=eligible, witness=witness,
                                    round_seconds=round_seconds, leaving=leaving or threading.Event(), base=base,
                                    equivocators=equivocators, sender=not self.observer, committee=committee)
         self._fetches = Fetches(base)  # which updates this peer fetches (``_admits``)

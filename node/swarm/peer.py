@@ -52,6 +52,7 @@ from gradnode.node.swarm.report import PeerSummary, Phases, Tally, append_metric
 from gradnode.node.swarm.sync import Sync
 from gradnode.node.swarm.transport import Transport, TransportError
 from gradnode.protocol import peer as peer_core
+from gradnode.protocol import committee as committee_rule
 from gradnode.protocol.committee import Committee
 from gradnode.protocol import skew
 from gradnode.protocol import sync as sync_rules
@@ -476,7 +477,7 @@ class Peer:
             self.tally.undrawn += 1
             log.info("round=%d undrawn: observing it (%s)", self.engine.round,
                      "a drawn witness" if self.identity.peer_id in drawn.witnesses else "not a witness")
-            return self._exchange(self.engine.round, None, 0, witness=True)
+            return self._exchange(self.engine.round, None, 0)
         blob = self.engine.make_update(sender=self.identity.peer_id)
         blob = attach_signature(blob, self.identity.sign(signing_digest(blob)))
         blob = adversary.sent_update(self.sw, self.engine.round, blob, self.cfg.run.output_dir, self.identity.sign,
@@ -492,22 +493,22 @@ class Peer:
 
     def _observe(self, round_: int) -> RoundExchange:
         """Learn the decision of a round we abstained from, exactly as the others reached it."""
-        return self._exchange(round_, None, 0)
+        return self._exchange(round_, None, 0, observes=True)
 
     def _chain_base(self, round_: int) -> str:
         """The chain round ``round_``'s reports are made on: the state the previous round agreed on (ours, now)."""
         return self.history.hashes.get(round_ - 1) or self.engine.state_hash()
 
-    def _exchange(self, round_: int, blob: bytes | None, tokens: int, witness: bool = False) -> RoundExchange:
-        """Round ``round_``'s exchange, with this peer's update ``blob`` (None: it observes). It witnesses
-        when it sends, or (``witness``) when it sits out a round whose committee drew it as a witness."""
+    def _exchange(self, round_: int, blob: bytes | None, tokens: int, observes: bool = False) -> RoundExchange:
+        """Round ``round_``'s exchange, with this peer's update ``blob`` (None: it sends none). Whether it
+        witnesses is the committee rule's (``committee.reports``); one that ``observes`` never does."""
         assert self.engine.round == round_, (self.engine.round, round_)
         base = self._chain_base(round_)
         drawn = self.engine.committee(self.cfg.committee.budget())
         eligible = eligible_witnesses(self.engine.contributors, round_)
-        witness = blob is not None or witness
+        witness = committee_rule.reports(self.identity.peer_id, drawn, sends=blob is not None, observes=observes)
         if drawn is not None and drawn.pool:  # its drawn witnesses, and none of the others
-            eligible, witness = sorted(drawn.witnesses), witness and self.identity.peer_id in drawn.witnesses
+            eligible = sorted(drawn.witnesses)
         # a report is final: back from a restart within a round it reported on, a peer does not report again
         witness = witness and self.own_reports.first(round_, base)
         ex = RoundExchange(transport=self.transport, membership=self.membership, cfg=self.sw,
@@ -570,22 +571,16 @@ class Peer:
         applied (the screens of the state the round starts from); the screens run only when there are such
         senders (a fork, a key new to this chain): they cost about what the round's apply does (1.7 s against
         1.9 s for 4 updates of the default model's 3.2M weights on a loaded 2-core machine), so not for a
-        contributor's late update. ``workers`` is replaced, never changed in place: other threads read it."""
+        contributor's late update (protocol/votes.py ``workers_after``)."""
         if self.engine is None or ex.round != self.engine.round:
             return
         held = {s: v.update for s, v in list(ex.verified.items()) if s not in ex.doubted}
-        extra = [s for s in held if s != ex.me and s not in decided and s not in self.engine.contributors]
-        if not extra:
-            return
         pool = [held[s] for s in sorted(held)]
         try:
-            kept = self.engine.kept(pool, [self.rules.weight(u) for u in pool])
+            self.workers = votes.workers_after(self.workers, ex.round, held, ex.me, decided, self.engine.contributors,
+                                               kept=lambda: self.engine.kept(pool, [self.rules.weight(u) for u in pool]))
         except ValueError as err:  # updates that do not fit this state's tensors: nobody's work here
             log.info("round=%d verified updates not screened for votes: %s", ex.round, err)
-            return
-        workers = {s: r for s, r in self.workers.items() if r > ex.round - votes.CONTRIBUTOR_ROUNDS}
-        workers.update((s, ex.round) for s in extra if s in kept)
-        self.workers = workers
 
     def _abstain(self, round_: int) -> None:
         """Sit round ``round_`` out, saying so at once so that nobody waits for our report (unless we reported

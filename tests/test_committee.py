@@ -339,14 +339,16 @@ SPLIT = scenario.parse_faults("partition:0,1,2,3,4,5,6,7|8,9,10,11,12,13,14,15@r
 
 def test_a_committee_swarm_applies_every_round_one_way_and_fetches_only_its_budget() -> None:
     """32 peers, 4 drawn contributors and 8 witnesses a round, one newcomer slot: every round applied one way,
-    one hash, and a peer downloads at most twice its budget of 4 + 1 updates a round (a newcomer that a lower
-    ticket displaced was fetched all the same: about 7.7 a round in seed 0), where all-to-all downloads 31."""
+    one hash, and a peer downloads at most 1.3 times its budget of 4 + 1 updates a round, where all-to-all
+    downloads 31. A peer that witnesses nothing fetches no newcomer before the count: when it did, a newcomer
+    that a lower ticket displaced was fetched all the same (7.7 a round in seed 0, 5.7 now, rounds with no
+    pool yet included)."""
     for seed in range(3):
         sc = virtual.Scenario(peers=32, rounds=12, seed=seed, committee=(4, 8, 1))
         out = virtual.run(sc)
         assert out["violations"] == [] and out["final_hashes"] == 1 and not out["stalled"], f"seed={seed}: {out}"
         down = out["traffic"]["update_bytes_down"]["median"]
-        assert down <= 2 * 5 * sc.update_bytes, f"seed={seed}: {out['traffic']}"
+        assert down <= 1.3 * 5 * sc.update_bytes, f"seed={seed}: {out['traffic']}"
     everyone = virtual.run(virtual.Scenario(peers=32, rounds=12, seed=0))["traffic"]["update_bytes_down"]["median"]
     assert everyone > 4 * 5 * sc.update_bytes, everyone
 

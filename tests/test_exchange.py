@@ -102,21 +102,22 @@ def test_fetches_in_flight_stay_within_the_bound_and_all_complete() -> None:
     assert all(transport.blobs.get(update_name(RUN, 5, s)) == b for s, b in blobs.items())  # served on, all
 
 
-def _fetched_under(drawn: Any, base: str, senders: list[str]) -> set[str]:
+def _fetched_under(drawn: Any, base: str, senders: list[str], witness: bool = True) -> set[str]:
     anns = [UpdateAnnouncement(run_id=RUN, round=5, sender=s, digest=hashlib.sha256(s.encode()).hexdigest(),
                                size=10, tokens=1, time=0.0) for s in senders]
     transport = FakeTransport()
     ex = RoundExchange(transport=transport, membership=FakeMembers(anns), cfg=SwarmConfig(max_fetches=64),
                        run_id=RUN, round_=5, blob=None, tokens=0, round_seconds=1.0, rules=PassAll(),
-                       rejections=Rejections(), stop=threading.Event(), base=base, committee=drawn)
+                       rejections=Rejections(), stop=threading.Event(), base=base, committee=drawn, witness=witness)
     ex._tick()
     return {name.rsplit("/", 1)[-1] for name, _ in transport.futures}
 
 
 def test_with_a_committee_it_fetches_the_drawn_and_the_admitted_newcomers_only() -> None:
     """A peer's downloads are the round's budget, not N: of 30 pool keys announcing, it fetches the 4
-    drawn contributors' updates only. A newcomer is fetched when its ticket ranks among the 2 lowest seen so
-    far: seen best first, exactly the 2 admitted; in any order, every admitted one."""
+    drawn contributors' updates only. At a witness a newcomer is fetched when its ticket ranks among the 2
+    lowest seen so far: seen best first, exactly the 2 admitted; in any order, every admitted one. A peer that
+    does not witness the round fetches no newcomer before the count (it fetches those the set lists after)."""
     from gradnode.protocol import committee as cm
 
     pool, newcomers = [peer_id(i) for i in range(1, 31)], [peer_id(i) for i in range(31, 37)]
@@ -127,6 +128,7 @@ def test_with_a_committee_it_fetches_the_drawn_and_the_admitted_newcomers_only()
     for order in (newcomers, best_first[::-1]):
         fetched = _fetched_under(drawn, base, [*order, *pool])
         assert fetched >= admitted and fetched & set(pool) == drawn.contributors
+        assert _fetched_under(drawn, base, [*order, *pool], witness=False) == drawn.contributors
 
 
 def test_a_fetch_asks_its_sender_first_and_reads_the_holdings_only_when_that_failed() -> None:

@@ -496,12 +496,15 @@ class Simulation(Network, Sight, Content, States, Summary):
         return committee.of_round(self.budget, r, p.hashes, p.pools)
 
     def _fetches(self, q: VPeer, r: int, p: VPeer) -> bool:
-        """Whether q fetches p's update of round r (``committee.Fetches``, on the base p announced on)."""
-        fetches = q.fetches.get(r)
+        """Whether q fetches p's update of round r before it is decided (``committee.Fetches``, on the base p
+        announced on, as q witnesses the round or not)."""
+        fetches, drawn = q.fetches.get(r), self._committee(q, r)
         if fetches is None:
             q.fetches = {k: v for k, v in q.fetches.items() if k >= r - 2}
-            fetches = q.fetches[r] = committee.Fetches(committee.base(r, p.hashes))
-        return fetches(self._committee(q, r), p.id)
+            witness = committee.reports(q.id, drawn, sends=drawn is None or drawn.sends(q.id),
+                                        observes=r in q.abstained)
+            fetches = q.fetches[r] = committee.Fetches(committee.base(r, p.hashes), witness)
+        return fetches(drawn, p.id)
 
     def _deliver(self, q: VPeer, r: int, *events: Any) -> None:
         """Events of round r reach q at its poll (``_read_mail``): kept with the round's records (its announcers:

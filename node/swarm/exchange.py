@@ -157,7 +157,7 @@ class RoundExchange(threading.Thread):
                                    eligible=eligible, witness=witness,
                                    round_seconds=round_seconds, leaving=leaving or threading.Event(), base=base,
                                    equivocators=equivocators, sender=not self.observer, committee=committee)
-        self._fetches = Fetches(base)  # which updates this peer fetches (``_admits``)
+        self._fetches = Fetches(base, witness)  # which updates this peer fetches before the count (``_admits``)
         self.digest = hashlib.sha256(blob).hexdigest() if blob is not None else ""
         self.verified: dict[str, _Verified] = {}
         self.announced: dict[str, UpdateAnnouncement] = {}

@@ -203,6 +203,18 @@ class Fetches:
             self._ranking = Ranking(committee, self.base)
         return self._ranking.add(sender)[0]
 
+    def take(self, committee: Committee | None, senders: Iterable[str]) -> list[str]:
+        """Of the senders one read found announcing, those to fetch, in the read's order. The read's newcomers
+        are ranked best ticket first, so that none of them displaces another of the same read: a round's
+        exchange begins with one read that holds most of its announcements."""
+        senders = list(senders)
+        if committee is None:
+            return senders
+        s = seed(self.base, committee.round_)
+        best_first = sorted(senders, key=lambda k: b"" if k in committee.pool else ticket(Role.NEWCOMER, s, k))
+        chosen = {k for k in best_first if self(committee, k)}
+        return [k for k in senders if k in chosen]
+
 
 # --- the odds ----------------------------------------------------------------------------------------
 

@@ -105,7 +105,7 @@ class Network:
         if box is None or not q.alive:
             return
         batches: dict[int, tuple[core.RoundCore, list[Any]]] = {}
-        self._batch = batches
+        self._batch, self._taking = batches, {}
         group, clogged = self.group, self.clogged
         box.sort()  # (time, seq, ...): seq is unique, so the callables are never compared
         for t, _, src, deliver in box:
@@ -118,6 +118,8 @@ class Network:
                         self.held[link].append((q, src, deliver))
                         continue
             deliver(q, t)
+        for r, read in self._taking.items():  # a committee's round: the announcements read, taken together
+            self._take(q, r, read)
         self._batch = None
         for c, events in batches.values():
             if q.alive and q.cores.get(c.round_) is c:

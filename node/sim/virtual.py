@@ -119,6 +119,7 @@ class Simulation(Network, Sight, Content, States, Summary):
         # nearly the same reports (the run's own, gone with it)
         self._witnessed = Counts(keep=8)
         self._batch: dict[int, tuple[core.RoundCore, list[Any]]] | None = None  # the poll being read: core id -> events
+        self._taking: dict[int, list[tuple[VPeer, str]]] = {}  # the poll being read: round -> announcements read
         polls = random.Random(f"{sc.seed}/polls")  # each peer's polls fall at its own phase (a stream of their own)
         self._phase = {q: polls.random() * core.POLL_S for q in self.peers}
         # what a broadcast reads of each peer: it, half its link's latency, its polls' phase
@@ -449,8 +450,9 @@ class Simulation(Network, Sight, Content, States, Summary):
             age = min(max(0.0, (now + off[q.id]) - stamped), 600.0)
             if r >= q.newest - 2:
                 q.announcers_of[r].setdefault(p.id, now - age)
-            if not self._fetches(q, r, p):  # out of q's committee round: read, never fetched
+            if self.budget.drawn:  # the poll's reads of a committee's round are taken together (``_take``)
                 deliver(q, r, core.Announced(now, p.id, now - age))
+                self._taking.setdefault(r, []).append((p, digest))
                 return
             # q's poll (now: its time) starts the fetch; a later poll takes it once it ended (exchange.py's reap)
             deliver(q, r, core.Announced(now, p.id, now - age), core.FetchStarted(self.now, p.id))
@@ -495,16 +497,23 @@ class Simulation(Network, Sight, Content, States, Summary):
         """Round r's committee as p draws it: from the state after round r - LAG, its hash and its pool."""
         return committee.of_round(self.budget, r, p.hashes, p.pools)
 
-    def _fetches(self, q: VPeer, r: int, p: VPeer) -> bool:
-        """Whether q fetches p's update of round r before it is decided (``committee.Fetches``, on the base p
-        announced on, as q witnesses the round or not)."""
+    def _take(self, q: VPeer, r: int, read: list[tuple[VPeer, str]]) -> None:
+        """The announcements of round r that one poll of q read: the fetches q starts (``committee.Fetches.take``,
+        on the base the first announcer announced on, as q witnesses the round or not). A later poll takes
+        each once it ended (exchange.py's reap)."""
         fetches, drawn = q.fetches.get(r), self._committee(q, r)
         if fetches is None:
             q.fetches = {k: v for k, v in q.fetches.items() if k >= r - 2}
             witness = committee.reports(q.id, drawn, sends=drawn is None or drawn.sends(q.id),
                                         observes=r in q.abstained)
-            fetches = q.fetches[r] = committee.Fetches(committee.base(r, p.hashes), witness)
-        return fetches(drawn, p.id)
+            fetches = q.fetches[r] = committee.Fetches(committee.base(r, read[0][0].hashes), witness)
+        digests = {p.id: (p, d) for p, d in read}
+        for sender in fetches.take(drawn, [p.id for p, _ in read]):
+            p, digest = digests[sender]
+            self._deliver(q, r, core.FetchStarted(self.now, p.id))
+            end, via = self._fetch(p, q, r, digest)
+            self._post(q, end, None, lambda q, now, r=r, p=p, digest=digest, via=via:
+                       self._fetched(q, r, p, digest, now, via))
 
     def _deliver(self, q: VPeer, r: int, *events: Any) -> None:
         """Events of round r reach q at its poll (``_read_mail``): kept with the round's records (its announcers:

@@ -157,7 +157,7 @@ class RoundExchange(threading.Thread):
                                    eligible=eligible, witness=witness,
                                    round_seconds=round_seconds, leaving=leaving or threading.Event(), base=base,
                                    equivocators=equivocators, sender=not self.observer, committee=committee)
-        self._fetches = Fetches(base, witness)  # which updates this peer fetches before the count (``_admits``)
+        self._fetches = Fetches(base, witness)  # which updates this peer fetches before the count (``_scan``)
         self.digest = hashlib.sha256(blob).hexdigest() if blob is not None else ""
         self.verified: dict[str, _Verified] = {}
         self.announced: dict[str, UpdateAnnouncement] = {}
@@ -324,7 +324,10 @@ class RoundExchange(threading.Thread):
         return events
 
     def _scan(self) -> None:
+        """Read the round's announcements and start the fetches of the new ones this peer takes
+        (``committee.Fetches.take``: at most the round's budget with a committee)."""
         ignored = set(self.rejections.ignored(self.round))
+        new: list[UpdateAnnouncement] = []
         for ann in self.members.read("updates", self.round, UpdateAnnouncement):
             if ann.round != self.round or ann.sender in self.announced or ann.sender in ignored:
                 continue
@@ -334,16 +337,15 @@ class RoundExchange(threading.Thread):
             self.announced[ann.sender] = ann
             now = time.monotonic()
             self._events.append(core.Announced(now, ann.sender, now))
-            if ann.sender != self.me and self._admits(ann.sender):
-                self._start_fetch(ann.sender, ann.digest, time.monotonic() + self.cfg.max_wait_s)
-                if adversary.claim(self.cfg, self.round, self.transport.blobs,
-                                   update_name(self.run_id, self.round, ann.sender), ann.size):
-                    self._claiming = True
-                    self._write_holdings()
-
-    def _admits(self, sender: str) -> bool:
-        """Whether this peer fetches ``sender``'s update (``committee.Fetches``)."""
-        return self._fetches(self.committee, sender)
+            if ann.sender != self.me:
+                new.append(ann)
+        for sender in self._fetches.take(self.committee, [a.sender for a in new]):
+            ann = self.announced[sender]
+            self._start_fetch(sender, ann.digest, time.monotonic() + self.cfg.max_wait_s)
+            if adversary.claim(self.cfg, self.round, self.transport.blobs,
+                               update_name(self.run_id, self.round, sender), ann.size):
+                self._claiming = True
+                self._write_holdings()
 
     def _holders(self, sender: str, digest: str) -> Callable[[], list[tuple[str, list[str]]]]:
         """The sources of one fetch, read again at every pass (transport.fetch_async): the sender alone at the

@@ -1303,6 +1303,9 @@ def bench_compressors_cmd(
         family: Optional[list[str]] = typer.Option(None, "--family", "-f", metavar="NAME", help="Run only these "
                                                    "families (repeatable), plus today's SparseLoCo."),
         seed: int = typer.Option(0, "--seed", min=0, metavar="N", help="Seed of models and data."),
+        lrs: Optional[list[float]] = typer.Option(None, "--lr", min=0.01, max=10.0, metavar="LR", help="Outer "
+                                                  "learning rates to sweep (repeatable): every row but today's "
+                                                  "SparseLoCo runs at each, instead of at its own."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of the table."),
         plot_path: Optional[Path] = typer.Option(None, "--plot", metavar="FILE.png",
                                                  help="Write a PNG of val loss vs bytes (needs matplotlib)."),
@@ -1323,10 +1326,11 @@ def bench_compressors_cmd(
             plot_path = None
     rows = bc.ROWS if not family else tuple(r for r in bc.ROWS if r == bc.REFERENCE or
                                             r.settings.family.value in family)
+    rows = bc.swept(rows, lrs or ())
     settings = BenchSettings(replicas=replicas, rounds=rounds, inner_steps=inner_steps, size=size, seed=seed)
     with _user_errors(verbose):
         with Progress(console=ERR, transient=True) as progress:
-            tasks = {r.label: progress.add_task(r.label, total=rounds) for r in rows}
+            tasks = {r.key: progress.add_task(f"{r.label} lr {r.lr:g}", total=rounds) for r in rows}
             report = bc.run(settings, rows, on_row=lambda n, r: progress.update(tasks[n], completed=r))
     if as_json:
         typer.echo(json.dumps(bc.report_json(report)))

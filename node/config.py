@@ -100,18 +100,55 @@ class InnerConfig(_Section):
     bf16: bool = Field(True, description="bf16 autocast on CUDA (ignored on CPU).")
 
 
+FAMILIES = ("sparseloco", "random-k", "powersgd", "sign", "dct-topk", "quant", "dense")  # protocol.compress.Family
+
+
 class CodecConfig(_Section):
-    chunk: int = Field(4096, ge=16, le=65536, description="Values per chunk (64x64 tiles for 2-D weights).")
-    topk: int = Field(64, ge=1, description="Values kept per chunk, by magnitude.")
-    bits: int = Field(2, ge=1, le=8, description="Bits per kept value.")
+    family: Literal[FAMILIES] = Field(  # type: ignore[valid-type]
+        "sparseloco", description="The compressor (docs/compressors.md): 'sparseloco' is today's codec, set by "
+                                  "chunk, topk, bits and index_coding; any other family is set by codec.options.")
+    chunk: int = Field(4096, ge=16, le=65536, description="sparseloco: values per chunk (64x64 tiles for 2-D weights).")
+    topk: int = Field(64, ge=1, description="sparseloco: values kept per chunk, by magnitude.")
+    bits: int = Field(2, ge=1, le=8, description="sparseloco: bits per kept value.")
     index_coding: Literal["packed12", "rice"] = Field(
-        "rice", description="'packed12': fixed 12-bit in-chunk indices (Templar); 'rice': entropy-coded gaps.")
+        "rice", description="sparseloco: 'packed12' fixed 12-bit in-chunk indices (Templar); 'rice' entropy-coded "
+                            "gaps.")
+    options: dict[str, bool | int | float | str] = Field(
+        default_factory=dict, description="Another family's settings, by the fields of its settings class in "
+                                          "protocol/compress (e.g. density for random-k, rank for powersgd; "
+                                          "warmup_rounds and small_numel for every family). Unset: its defaults.")
 
     @model_validator(mode="after")
     def _check(self) -> "CodecConfig":
         if self.topk > self.chunk:
             raise ValueError(f"codec.topk ({self.topk}) must not exceed codec.chunk ({self.chunk})")
+        if self.family == "sparseloco" and self.options:
+            raise ValueError("codec.options set another family's settings: sparseloco takes codec.chunk, "
+                             "codec.topk, codec.bits and codec.index_coding")
+        if self.family != "sparseloco":
+            self.settings()  # refused at load, not rounds later
         return self
+
+    def settings(self) -> Any:
+        """The family's settings (a protocol.compress Options) for any family but sparseloco. An int where the
+        field is a float is taken as that float; anything else of the wrong type is refused."""
+        from dataclasses import fields  # here, not at the top: the families import torch
+
+        from gradnode.protocol.compress import KINDS, Family, ProtocolError
+        kind = KINDS[Family(self.family)][0]
+        declared = {f.name: type(f.default) for f in fields(kind)}
+        unknown = sorted(set(self.options) - set(declared))
+        if unknown:
+            raise ValueError(f"codec.options: {', '.join(unknown)} not a setting of {self.family} "
+                             f"(its settings: {', '.join(sorted(declared))})")
+        values = {k: float(v) if declared[k] is float and type(v) is int else v for k, v in self.options.items()}
+        wrong = [k for k, v in values.items() if type(v) is not declared[k]]
+        if wrong:
+            raise ValueError(f"codec.options.{wrong[0]} must be a {declared[wrong[0]].__name__}")
+        try:
+            return kind(**values)
+        except ProtocolError as err:
+            raise ValueError(f"codec.options: {err}") from None
 
 
 class OuterConfig(_Section):
@@ -440,6 +477,13 @@ class Config(_Section):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     rounds: int = Field(50, ge=1, description="Rounds to train (gradnode train).")
 
+    @model_validator(mode="after")
+    def _check(self) -> "Config":
+        if self.codec.family != "sparseloco" and self.outer.algorithm != "sparseloco":
+            raise ValueError(f"codec.family={self.codec.family!r} compresses with error feedback: "
+                             f"outer.algorithm='sparseloco' (outer.algorithm={self.outer.algorithm!r} sends fp32)")
+        return self
+
 
 def _fields_at(loc: tuple[Any, ...]) -> list[str]:
     """The keys allowed in the section at ``loc`` (e.g. ('inner',) -> InnerConfig's fields)."""
@@ -536,6 +580,8 @@ def shared_rules(cfg: Config) -> dict[str, Any]:
     dump = cfg.model_dump(mode="json")
     rules: dict[str, Any] = {s: {k: v for k, v in dump[s].items() if k not in _LOCAL.get(s, set())}
                              for s in _SHARED_SECTIONS}
+    if cfg.codec.family == "sparseloco":  # the rules of a run from before the families: a sparseloco run
+        del rules["codec"]["family"], rules["codec"]["options"]
     rules["run"] = {"seed": cfg.run.seed}
     return rules
 

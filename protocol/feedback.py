@@ -14,20 +14,10 @@ from collections.abc import Mapping, MutableMapping
 import torch
 from torch import Tensor
 
+from gradnode.protocol.compress.base import fold
 from gradnode.protocol.errors import ProtocolError
 from gradnode.protocol.params import CodecParams
 from gradnode.protocol.wire import encode_with_reconstruction
-
-
-def fold(buffers: MutableMapping[str, Tensor], name: str, d: Tensor, beta: float) -> Tensor:
-    """e <- beta * e + d for the fp32 buffer ``name`` (made of zeros on first use); the buffer. One of another
-    shape or dtype is a caller's bug, never carried on: ProtocolError."""
-    e = buffers.get(name)
-    if e is None:
-        e = buffers[name] = torch.zeros(d.shape, dtype=torch.float32, device=d.device)
-    elif e.shape != d.shape or e.dtype != torch.float32:
-        raise ProtocolError(f"{name}: error buffer must be fp32 of shape {tuple(d.shape)}")
-    return e.mul_(beta).add_(d.to(e.dtype))
 
 
 def compress_with_feedback(buffers: MutableMapping[str, Tensor], delta: Mapping[str, Tensor], beta: float,

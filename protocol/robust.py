@@ -79,8 +79,7 @@ class _Item:
 
 def _item(u: DecodedUpdate | Mapping[str, Tensor], index: int, weight: float) -> _Item:
     if isinstance(u, DecodedUpdate):
-        levels = u.levels if not u.params.dense else {}
-        return _Item(u.sender, u.digest, u.sparse, levels, u, weight)
+        return _Item(u.sender, u.digest, u.sparse, u.levels, u, weight)  # levels: SparseLoCo's tables only
     return _Item("", index.to_bytes(4, "big"), {n: SparseTensor.from_dense(t) for n, t in u.items()}, {}, None,
                  weight)
 

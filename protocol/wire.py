@@ -6,6 +6,10 @@ Integers are little-endian. The header declares every tensor (name, shape, dtype
 levels, rice parameters) and the body's decompressed size; all section lengths follow from it, so a
 receiver checks sizes against its limits before it decompresses or allocates anything. The digest
 that peers sign covers every byte except sig_len and the signature itself.
+
+The header's codec map is either today's SparseLoCo codec (``CodecParams``: its bytes are those of every
+release) or a compressor family's settings (``compress.to_wire``: a map naming its family). A family's tensor
+spec carries its code's header fields under ``meta``; its sections follow from them, the shape and the round.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ import torch
 import zstandard
 from torch import Tensor
 
+from gradnode.protocol import compress
 from gradnode.protocol.codec import DTYPE_NAMES, DTYPES, Encoded, decode_tensor, encode_tensors, section_sizes
+from gradnode.protocol.compress import Code, Compressor, Options
 from gradnode.protocol.errors import ProtocolError
 from gradnode.protocol.params import CodecParams
 
@@ -142,7 +148,7 @@ class DecodedUpdate:
     round: int
     sender: str
     tokens: int
-    params: CodecParams
+    params: CodecParams | Options  # the codec it was sent with: SparseLoCo's (or fp32), or a family's settings
     sparse: dict[str, SparseTensor]
     dtypes: dict[str, str]  # the sender's tensor dtypes
     sq_norm: float  # squared L2 norm, computed identically on every machine (see _sq_norm)
@@ -233,6 +239,28 @@ def encode_update(update: Mapping[str, Tensor], *, params: CodecParams = CodecPa
     """Compress a pseudo-gradient (name -> tensor of any float dtype, shape and device) into an envelope."""
     return encode_with_reconstruction(update, params=params, run_id=run_id, round=round, sender=sender,
                                       tokens=tokens)[0]
+
+
+def encode_codes(codes: Mapping[str, Code], shapes: Mapping[str, tuple[int, ...]], settings: Options, *,
+                 run_id: str = "default", round: int = 0, sender: str = "", tokens: int = 0) -> bytes:
+    """An envelope of a compressor family's codes (``Compressor.compress``: name -> Code of a float32 tensor
+    of ``shapes[name]``), for the family ``settings`` names."""
+    _check_meta(run_id, round, sender, tokens)
+    if not isinstance(settings, Options):
+        raise ProtocolError("settings must be a compressor family's Options")
+    specs, sections = [], []
+    for name in sorted(codes):
+        code = codes[name]
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME:
+            raise ProtocolError(f"tensor names must be non-empty str of at most {MAX_NAME} chars: {name!r}")
+        specs.append({"name": name, "shape": list(shapes[name]), "dtype": "float32", "meta": dict(code.meta)})
+        sections += code.sections
+    body = b"".join(sections)
+    header = msgpack.packb({"run": run_id, "round": round, "sender": sender, "tokens": tokens,
+                            "codec": compress.to_wire(settings), "tensors": specs, "body": len(body)},
+                           use_bin_type=True)
+    frame = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True).compress(body)
+    return _PREFIX.pack(MAGIC, VERSION, 0, 0) + _HDR_LEN.pack(len(header)) + header + frame
 
 
 # ---------------------------------------------------------------- signatures
@@ -373,8 +401,69 @@ def _sq_norm(params: CodecParams, per_tensor: list[tuple[list[int], Tensor, Tens
     return total
 
 
+MAX_META_FIELDS = 8  # header fields of one family code (the most any family writes is 3)
+
+
+def _parse_shape(spec: dict[str, Any], max_numel: int) -> tuple[str, tuple[int, ...]]:
+    name = _str(spec["name"], "tensor name", MAX_NAME)
+    if type(spec["shape"]) is not list or len(spec["shape"]) > MAX_NDIM:
+        raise ProtocolError(f"{name}: shape must be a list of at most {MAX_NDIM} dims")
+    return name, tuple(_int(d, f"{name}: dim", 0, max_numel) for d in spec["shape"])
+
+
+def _decode_family(data: bytes, signature: bytes, rest: bytes, header: dict[str, Any], frame: bytes,
+                   comp: Compressor, run_id: str, sender: str, round_: int, tokens: int, max_tensors: int,
+                   max_numel: int, expected: Mapping[str, tuple[int, ...]] | None,
+                   device: torch.device) -> DecodedUpdate:
+    """The rest of ``_decode`` for a compressor family's envelope: every spec and length checked, then the body
+    decompressed and each code decoded strictly by ``comp`` (``Compressor.sent``)."""
+    raw = header["tensors"]
+    if type(raw) is not list or len(raw) > max_tensors:
+        raise ProtocolError(f"tensors must be a list of at most {max_tensors} specs")
+    codes, seen, total, body_size = [], set(), 0, 0
+    for i, spec in enumerate(raw):
+        spec = _keys(spec, {"name", "shape", "dtype", "meta"}, f"tensor spec {i}")
+        name, shape = _parse_shape(spec, max_numel)
+        if not name or name in seen:
+            raise ProtocolError(f"empty or duplicate tensor name {name!r}")
+        seen.add(name)
+        total += math.prod(shape)
+        if total > max_numel:
+            raise ProtocolError(f"update declares more than max_numel={max_numel} values")
+        if spec["dtype"] != "float32":
+            raise ProtocolError(f"{name}: a family's code is of a float32 tensor")
+        if expected is not None and tuple(expected.get(name, (-1,))) != shape:
+            raise ProtocolError(f"{name}: unexpected tensor or shape {shape}")
+        meta = spec["meta"]
+        if type(meta) is not dict or len(meta) > MAX_META_FIELDS or not all(
+                type(k) is str and (type(v) is int or type(v) is bytes) for k, v in meta.items()):
+            raise ProtocolError(f"{name}: meta must be a map of at most {MAX_META_FIELDS} int or bytes fields")
+        lengths = comp.lengths(name, shape, round_, Code(meta, ()))
+        body_size += sum(lengths)
+        codes.append((name, shape, meta, lengths))
+    if expected is not None and len(seen) != len(expected):
+        raise ProtocolError(f"update holds {len(seen)} tensors, expected {len(expected)}")
+    if _int(header["body"], "body size") != body_size:
+        raise ProtocolError("declared body size does not match the tensor specs")
+    body = _decompress(frame, body_size)
+    sparse, dtypes, sq_norm, offset = {}, {}, 0.0, 0
+    for name, shape, meta, lengths in sorted(codes, key=lambda c: c[0]):  # the norm sums in name order
+        sections = []
+        for n in lengths:
+            sections.append(body[offset:offset + n])
+            offset += n
+        index, values = comp.sent(name, shape, round_, Code(meta, tuple(sections)))
+        sparse[name] = SparseTensor(shape, index if index is None else index.to(device), values.to(device))
+        dtypes[name] = "float32"
+        sq_norm += float(values.double().square().sum().item())
+    digest = hashlib.blake2b(data[:6] + rest, digest_size=32, person=b"gradnode-upd").digest()
+    return DecodedUpdate(VERSION, run_id, round_, sender, tokens, comp.settings, sparse, dtypes, sq_norm,
+                         signature, digest, len(data))
+
+
 def _decode(data: bytes, max_bytes: int, max_tensors: int, max_numel: int,
-            expected: Mapping[str, tuple[int, ...]] | None, device: torch.device) -> DecodedUpdate:
+            expected: Mapping[str, tuple[int, ...]] | None, device: torch.device,
+            compressor: Compressor | None = None) -> DecodedUpdate:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ProtocolError("payload must be bytes")
     if len(data) > max_bytes:
@@ -397,6 +486,14 @@ def _decode(data: bytes, max_bytes: int, max_tensors: int, max_numel: int,
     sender = _str(header["sender"], "sender", MAX_META_STR)
     round_ = _int(header["round"], "round")
     tokens = _int(header["tokens"], "tokens")
+    if isinstance(header["codec"], dict) and "family" in header["codec"]:
+        settings = compress.from_wire(header["codec"])
+        if settings.family is compress.Family.SPARSELOCO:
+            raise ProtocolError("sparseloco is sent under its codec params, never as a family's map")
+        if compressor is None or compressor.settings != settings:
+            compressor = compress.compressor(settings)  # a stateless one: a codec not the run's is refused later
+        return _decode_family(data, signature, rest, header, frame, compressor, run_id, sender, round_, tokens,
+                              max_tensors, max_numel, expected, device)
     try:
         params = CodecParams.from_wire(header["codec"])
     except ProtocolError:
@@ -431,14 +528,16 @@ def _decode(data: bytes, max_bytes: int, max_tensors: int, max_numel: int,
 
 def decode_update(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES, max_tensors: int = DEFAULT_MAX_TENSORS,
                   max_numel: int = DEFAULT_MAX_NUMEL, expected: Mapping[str, tuple[int, ...]] | None = None,
-                  device: str | torch.device = "cpu") -> DecodedUpdate:
+                  device: str | torch.device = "cpu", compressor: Compressor | None = None) -> DecodedUpdate:
     """Parse and fully validate an envelope from an untrusted peer.
 
     Raises ProtocolError, and nothing else, for any malformed input. `expected` (name -> shape) pins
     the exact tensor set; the limits bound the envelope before anything is decompressed or allocated.
+    `compressor`: the run's, which decodes a family's codes with the shared state it holds (PowerSGD's basis);
+    an envelope of other settings is decoded by a fresh one.
     """
     try:
-        return _decode(data, max_bytes, max_tensors, max_numel, expected, torch.device(device))
+        return _decode(data, max_bytes, max_tensors, max_numel, expected, torch.device(device), compressor)
     except ProtocolError:
         raise
     except Exception as err:  # a gap in the checks above; still never let peer bytes crash the node

@@ -22,6 +22,8 @@ import torch
 import zstandard
 
 from gradnode.protocol import CodecParams, ProtocolError, attach_signature, decode_update, encode_update
+from gradnode.protocol.compress import DctTopK, Dense, PowerSGD, Quant, RandomK, Sign, compressor
+from gradnode.protocol.wire import encode_codes
 
 PREFIX = 8  # magic, version, flags, sig_len
 
@@ -38,7 +40,16 @@ def seed_payloads(seed: int) -> list[bytes]:
         out.append(encode_update(update, params=params, run_id="fuzz", round=7, sender="peer", tokens=123))
         out.append(encode_update(small, params=params))
     out.append(attach_signature(out[0], b"\x01" * 64))
+    shapes = {n: tuple(t.shape) for n, t in update.items()}
+    for settings in FAMILIES:  # every compressor family's envelope (SparseLoCo's is CodecParams, above)
+        codes = compressor(settings).compress({}, update, 1.0, round=7)
+        out.append(encode_codes(codes, shapes, settings, run_id="fuzz", round=7, sender="peer", tokens=123))
     return out
+
+
+FAMILIES = (RandomK(), RandomK(density=0.5, bits=32, small_numel=64), PowerSGD(), PowerSGD(rank=1, bits=16),
+            Sign(), Sign(chunk=64, warmup_rounds=8), DctTopK(chunk=256, topk=8), DctTopK(sign=False),
+            Quant(), Quant(bits=4, chunk=32), Dense(), Dense(bits=16))
 
 
 def _split(data: bytes) -> tuple[bytes, dict, bytes]:
@@ -67,7 +78,11 @@ def _mutate_header(rng: random.Random, header: dict) -> dict:
         header[rng.choice(list(header))] = rng.choice(WEIRD)
     elif kind == 1 and specs:
         spec = rng.choice(specs)
-        spec[rng.choice(list(spec))] = rng.choice(WEIRD)
+        meta = spec.get("meta")
+        if isinstance(meta, dict) and meta and rng.random() < 0.5:  # a family code's header fields
+            meta[rng.choice(list(meta))] = rng.choice(WEIRD + [3, 2**40, b"\0" * 4])
+        else:
+            spec[rng.choice(list(spec))] = rng.choice(WEIRD)
     elif kind == 2 and specs:
         spec = rng.choice(specs)
         shape = spec.get("shape")
@@ -80,7 +95,8 @@ def _mutate_header(rng: random.Random, header: dict) -> dict:
     elif kind == 4:
         codec = header.get("codec")
         if isinstance(codec, dict):
-            codec[rng.choice(list(codec))] = rng.choice(WEIRD + [16, 4095, 65537, 9, "rice", "packed12", "x"])
+            codec[rng.choice(list(codec))] = rng.choice(WEIRD + [16, 4095, 65537, 9, "rice", "packed12", "x",
+                                                                 "random-k", "powersgd", "dense", 0.5, 32])
     else:
         header["body"] = rng.choice([0, 1, 2**20, 2**34, header.get("body", 0) + rng.choice([-1, 1])])
     return header

@@ -41,3 +41,11 @@ def test_tiny_bench_has_every_family_with_sane_figures(tmp_path, monkeypatch):
     # fp32 and bf16 updates of a 2-round run differ by rounding only
     assert abs(rows["dense bf16"]["val_loss"] - rows["dense fp32"]["val_loss"]) < 0.01
     assert out["fewest_bytes_within_1pct"] in rows
+
+
+def test_a_sweep_runs_each_row_at_each_rate_and_todays_sparseloco_once() -> None:
+    from gradnode.node.bench import compressors as bc
+    rows = bc.swept(bc.ROWS[:3], [1.5, 2.0])
+    assert [(r.label, r.lr) for r in rows] == [(bc.REFERENCE.label, 1.0)] + [
+        (r.label, lr) for r in bc.ROWS[1:3] for lr in (1.5, 2.0)]
+    assert len({r.key for r in rows}) == len(rows) and bc.swept(bc.ROWS, []) == bc.ROWS

@@ -74,6 +74,19 @@ def test_a_peer_takes_the_run_id_and_must_hold_the_runs_rules(tmp_path: Path) ->
         load_config(None, overrides | {"run.genesis": str(tmp_path / "missing.json")})
 
 
+def test_the_genesis_fixes_the_compressor_and_its_settings(tmp_path: Path) -> None:
+    run_id = init(tmp_path / "g.json", "--set=codec.family=random-k", "--set=codec.options.density=0.1")
+    overrides = {f"model.{k}": v for k, v in TINY["model"].items()} | {"run.genesis": str(tmp_path / "g.json")}
+    same = load_config(None, overrides | {"codec.family": "random-k", "codec.options": {"density": 0.1}})
+    assert same.run.run_id == run_id
+    with pytest.raises(ConfigError, match=r"codec.options.density: run has 0.1, this config 0.2"):
+        load_config(None, overrides | {"codec.family": "random-k", "codec.options": {"density": 0.2}})
+    with pytest.raises(ConfigError, match=r"codec.family: run has 'random-k', this config 'sign'"):
+        load_config(None, overrides | {"codec.family": "sign"})
+    with pytest.raises(ConfigError, match=r"codec.family: run has 'random-k', this config None"):
+        load_config(None, overrides)  # today's SparseLoCo, whose rules name no family
+
+
 def test_the_genesis_weights_hash_is_what_a_fresh_engine_holds() -> None:
     cfg = tiny_config()
     assert initial_weights_hash(cfg) == Engine(cfg).param_hash()

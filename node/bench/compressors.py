@@ -48,6 +48,11 @@ class Row:
     def label(self) -> str:
         return self.settings.label
 
+    @property
+    def key(self) -> str:
+        """The label and the learning rate: unique among a sweep's rows."""
+        return f"{self.label} lr={self.lr:g}"
+
 
 REFERENCE = Row(SparseLoCo(), 1.0)  # today's SparseLoCo: the row every other is compared with
 
@@ -70,6 +75,13 @@ ROWS: tuple[Row, ...] = (
     Row(Dense(bits=16), 1.0),
     Row(Dense(bits=32), 1.0),
 )
+
+
+def swept(rows: tuple[Row, ...], lrs: tuple[float, ...] | list[float]) -> tuple[Row, ...]:
+    """Each row at each of ``lrs`` (its own lr when none), today's SparseLoCo once at its measured best."""
+    if not lrs:
+        return rows
+    return tuple(r2 for r in rows for r2 in ((r,) if r == REFERENCE else (Row(r.settings, lr) for lr in lrs)))
 
 
 @dataclass
@@ -102,7 +114,7 @@ class Report:
 
     @property
     def reference(self) -> RowResult | None:
-        return next((r for r in self.rows if r.label == REFERENCE.label), None)
+        return next((r for r in self.rows if r.label == REFERENCE.label and r.lr == REFERENCE.lr), None)
 
     def best_within(self, tolerance: float = 0.01) -> RowResult | None:
         """The row of fewest bytes whose loss is within tolerance of today's SparseLoCo."""
@@ -179,7 +191,7 @@ def run(s: BenchSettings, rows: tuple[Row, ...] = ROWS, baselines: bool = True,
     t0 = time.perf_counter()
     report = Report(s, [])
     for row in rows:
-        callback = (lambda r, n=row.label: on_row(n, r)) if on_row else (lambda r: None)
+        callback = (lambda r, n=row.key: on_row(n, r)) if on_row else (lambda r: None)
         result = run_row(s, row, callback)
         log.info("bench compressor=%r val_loss=%.4f bytes_per_param=%.5f seconds=%.1f", result.label,
                  result.val_loss, result.bytes_per_param, result.seconds)

@@ -85,17 +85,25 @@ def update_bytes(cfg: "Config", model_params: int | None = None) -> int:
 
     from gradnode.node.train.engine import codec_params
     from gradnode.node.train.model import build_model
-    from gradnode.protocol.wire import encode_update
+    from gradnode.protocol.compress import Options, compressor
+    from gradnode.protocol.wire import encode_codes, encode_update
 
     params = codec_params(cfg)
+
+    def encode(tensors: dict[str, torch.Tensor]) -> bytes:
+        if isinstance(params, Options):  # a family's first round after its warm-up, as every peer sends it
+            codes = compressor(params).compress({}, tensors, 1.0, params.warmup_rounds)
+            return encode_codes(codes, {n: tuple(t.shape) for n, t in tensors.items()}, params, run_id=RUN_ID,
+                                sender=PEER_ID)
+        return encode_update(tensors, params=params, run_id=RUN_ID, sender=PEER_ID)
+
     g = torch.Generator().manual_seed(0)
     if model_params is None:
         model = build_model(cfg.model, cfg.run.seed)
         tensors = {n: torch.randn(p.shape, generator=g) for n, p in model.named_parameters()}
-        return len(encode_update(tensors, params=params, run_id=RUN_ID, sender=PEER_ID)) + SIGNED_BYTES
+        return len(encode(tensors)) + SIGNED_BYTES
     side = int(SAMPLE_PARAMS ** 0.5)
-    sample = len(encode_update({"w": torch.randn(side, side, generator=g)}, params=params, run_id=RUN_ID,
-                               sender=PEER_ID))
-    empty = len(encode_update({}, params=params, run_id=RUN_ID, sender=PEER_ID))
+    sample = len(encode({"w": torch.randn(side, side, generator=g)}))
+    empty = len(encode({}))
     return empty + round((sample - empty) * model_params / (side * side)) + SIGNED_BYTES
 

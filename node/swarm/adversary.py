@@ -224,7 +224,7 @@ def future(engine: Any) -> tuple[dict[str, Any], str, int]:
     state = engine.shared_state()
     round_ = engine.round + FUTURE_ROUNDS
     state_hash = shared_state_hash(engine.cfg.run.run_id, round_, state["global_params"], state["outer"]["buffers"],
-                                   state["contributors"], state["reputation"], engine.previous)
+                                   state["contributors"], state["reputation"], engine.previous, state["codec"])
     return {**state, "round": round_}, state_hash, round_
 
 

@@ -387,7 +387,8 @@ class Peer:
         if resume:
             self.tally.resumed_round = self.saved_round = self.engine.round
             self._state_since = checkpoint.made_at(ckpt, self.engine.round) or self._state_since
-        self.rules = UpdateRules.of(cfg, {n: tuple(t.shape) for n, t in self.engine.global_params.items()})
+        self.rules = UpdateRules.of(cfg, {n: tuple(t.shape) for n, t in self.engine.global_params.items()},
+                                    self.engine.compressor)
         self.sync = Sync(engine=self.engine, history=self.history, members=self.membership, transport=self.transport,
                          cfg=self.sw, rules=self.rules, tally=self.tally, stop=self.stop)
         self._wait_for_peers(resumed=resume)

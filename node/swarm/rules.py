@@ -29,6 +29,7 @@ from gradnode.node.config import Config
 from gradnode.node.swarm.identity import verify
 from gradnode.node.train.engine import codec_params
 from gradnode.protocol import CodecParams, ProtocolError, decode_update
+from gradnode.protocol.compress import Compressor, Options
 from gradnode.protocol.wire import signed_part
 
 log = logging.getLogger(__name__)
@@ -46,14 +47,18 @@ def max_tokens_per_round(cfg: Config) -> int:
 class UpdateRules:
     run_id: str
     shapes: dict[str, tuple[int, ...]]
-    codec: CodecParams
+    codec: CodecParams | Options
     max_bytes: int
     max_tokens: int
+    # the run's compressor where its codec is a family's: the engine's, which holds the shared state a family
+    # decodes with (PowerSGD's basis of the round: an update of round r is checked after round r - 1 is applied)
+    compressor: Compressor | None = None
 
     @classmethod
-    def of(cls, cfg: Config, shapes: dict[str, tuple[int, ...]]) -> "UpdateRules":
+    def of(cls, cfg: Config, shapes: dict[str, tuple[int, ...]],
+           compressor: Compressor | None = None) -> "UpdateRules":
         return cls(run_id=cfg.run.run_id, shapes=shapes, codec=codec_params(cfg),
-                   max_bytes=cfg.swarm.max_update_bytes, max_tokens=max_tokens_per_round(cfg))
+                   max_bytes=cfg.swarm.max_update_bytes, max_tokens=max_tokens_per_round(cfg), compressor=compressor)
 
     def check(self, blob: bytes, *, sender: str, round_: int,
               key_of: Callable[[str], bytes | None]) -> tuple[Any | None, str | None]:
@@ -72,7 +77,7 @@ class UpdateRules:
         if key is None or not verify(key, digest, signature):
             return None, "forged"
         try:
-            upd = decode_update(blob, max_bytes=self.max_bytes, expected=self.shapes)
+            upd = decode_update(blob, max_bytes=self.max_bytes, expected=self.shapes, compressor=self.compressor)
         except ProtocolError as err:
             log.info("malformed update sender=%s round=%d error=%s", sender[:12], round_, err)
             return None, "malformed"

@@ -39,7 +39,9 @@ from gradnode.node.train.inner import InnerTrainer, pick_device
 from gradnode.node.train.model import build_model
 from gradnode.node.train.outer import OuterOptimizer
 from gradnode.protocol import CodecParams, DecodedUpdate, aggregate, committee, compress_with_feedback, encode_update
+from gradnode.protocol.compress import Compressor, Options, compressor
 from gradnode.protocol.feedback import fold
+from gradnode.protocol.wire import encode_codes
 from gradnode.protocol.reputation import Reputation
 from gradnode.protocol.robust import Screen, robust_aggregate, screen
 from gradnode.protocol.votes import CONTRIBUTOR_ROUNDS  # the ledger remembers whose updates these last rounds applied
@@ -135,16 +137,22 @@ def weights_hash(params: Mapping[str, Tensor]) -> str:
 
 
 def shared_state_hash(run_id: str, round_: int, params: Mapping[str, Tensor], outer: Mapping[str, Tensor],
-                      contributors: Mapping[str, int], reputation: Mapping[str, Any], previous: Previous) -> str:
+                      contributors: Mapping[str, int], reputation: Mapping[str, Any], previous: Previous,
+                      codec: Mapping[str, tuple[int, str, Tensor]] | None = None) -> str:
     """What peers publish, compare and sync to (``Engine.state_hash``): the weights, the outer optimizer's
     buffers, the contributors ledger, the reputation table and the state one round back (msgpack of their
-    sorted items: one byte string per table), the round and the run id."""
+    sorted items: one byte string per table), the round and the run id. ``codec``: the compressor's shared
+    state (PowerSGD's bases: name -> the round served, the side, the basis), where it keeps one: a donor cannot
+    hand out a basis that decodes the next round's updates otherwise."""
     h = hashlib.sha256(f"gradnode-state/{STATE_VERSION}/{run_id}/{round_}\n".encode())
     h.update(bytes.fromhex(weights_hash(params)))
     h.update(bytes.fromhex(weights_hash(outer)))
     h.update(msgpack.packb(sorted(contributors.items())))
     h.update(msgpack.packb([sorted(reputation["scores"].items()), sorted(reputation["recent"])]))
     h.update(msgpack.packb([previous.hash, sorted(previous.pool)]))
+    if codec:  # absent for every family without shared state: their hashes are as before
+        h.update(msgpack.packb([[k, r, side] for k, (r, side, _) in sorted(codec.items())]))
+        h.update(bytes.fromhex(weights_hash({k: b for k, (_, _, b) in codec.items()})))
     return h.hexdigest()
 
 
@@ -174,11 +182,14 @@ def initial_weights_hash(cfg: Config) -> str:
     return weights_hash(dict(model.named_parameters()))
 
 
-def codec_params(cfg: Config) -> CodecParams:
-    """The codec of ``cfg.outer.algorithm``: SparseLoCo compresses, DiLoCo sends dense fp32."""
+def codec_params(cfg: Config) -> CodecParams | Options:
+    """The run's codec, as its envelopes name it: DiLoCo sends dense fp32, SparseLoCo today's codec
+    (CodecParams), another ``codec.family`` its settings (protocol/compress)."""
     if cfg.outer.algorithm == "diloco":
         return CodecParams(dense=True)
     c = cfg.codec
+    if c.family != "sparseloco":
+        return c.settings()
     return CodecParams(chunk=c.chunk, topk=c.topk, bits=c.bits, index_coding=c.index_coding)
 
 
@@ -207,6 +218,8 @@ class Engine:
         self.trainer = InnerTrainer(self.model, cfg.inner, schedule_steps(cfg), self.device)
         self.outer = OuterOptimizer(cfg.outer)
         self.codec = codec_params(cfg)
+        # a family's encoder and decoder, with the shared state it learns (PowerSGD's bases); None: CodecParams
+        self.compressor: Compressor | None = compressor(self.codec) if isinstance(self.codec, Options) else None
         self.global_params: dict[str, Tensor] = {n: self.params[n].detach().float().cpu().clone() for n in self.names}
         self.start: dict[str, Tensor] = {n: self.params[n].detach().clone() for n in self.names}
         self.ef: dict[str, Tensor] = {}  # error-feedback buffers (sparseloco), created on first use
@@ -266,7 +279,11 @@ class Engine:
         """Encode this peer's pseudo-gradient for round ``self.round``; then start <- local."""
         delta = self.pseudo_gradient()
         meta = dict(run_id=self.cfg.run.run_id, round=self.round, sender=sender, tokens=self.pending_tokens)
-        if self.cfg.outer.algorithm == "sparseloco":
+        if self.compressor is not None:
+            codes = self.compressor.compress(self.ef, delta, self.cfg.outer.ef_beta, self.round)
+            payload = encode_codes(codes, {n: tuple(d.shape) for n, d in delta.items()}, self.compressor.settings,
+                                   **meta)
+        elif self.cfg.outer.algorithm == "sparseloco":
             payload = compress_with_feedback(self.ef, delta, self.cfg.outer.ef_beta, self.codec, **meta)
         else:
             payload = encode_update(delta, params=self.codec, **meta)
@@ -314,6 +331,7 @@ class Engine:
             raise ValueError(f"{len(weights)} weights for {len(updates)} updates")
         self.last_screens = []
         previous = Previous(self._state_hash_now(), frozenset(self.contributors))
+        applied: dict[str, Tensor] = {}  # what the compressor learns from: the aggregate stepped on, if any
         if updates:
             for u in updates:
                 self._check_update(u)
@@ -337,6 +355,9 @@ class Engine:
                 log.error("round=%d: aggregate of %d updates not applied: %s", self.round, len(updates), unsafe)
             else:
                 self.outer.step(self.global_params, agg)
+                applied = agg
+        if self.compressor is not None:  # every peer learns alike: from the same aggregate, or from none
+            self.compressor.observe(self.round, applied)
         for n in self.names:
             theta = self.global_params[n].to(self.device, non_blocking=True)
             progress = self.params[n] - self.start[n]
@@ -386,9 +407,12 @@ class Engine:
         genesis, its digest)."""
         version = self._version  # read first: a change made meanwhile leaves the hash unremembered
         h = shared_state_hash(self.cfg.run.run_id, self.round, self.global_params, self.outer.buffers,
-                              self.contributors, self.reputation.to_dict(), self.previous)
+                              self.contributors, self.reputation.to_dict(), self.previous, self._codec_state())
         self._hashed = (version, h)
         return h
+
+    def _codec_state(self) -> dict[str, Any]:
+        return self.compressor.state_dict() if self.compressor is not None else {}
 
     def changed(self) -> None:
         """Say that the shared state changed (every method here that changes it does): a state hash
@@ -439,12 +463,14 @@ class Engine:
 
     def shared_state(self) -> dict[str, Any]:
         """What a joining peer needs: theta_g, the outer optimizer state, the contributors ledger, the reputation
-        table (JSON types; it changes only under the 'robust' aggregation) and the round."""
+        table (JSON types; it changes only under the 'robust' aggregation), the round, and the compressor's
+        shared state (empty but for PowerSGD)."""
         return {"version": STATE_VERSION, "run_id": self.cfg.run.run_id, "round": self.round,
                 "global_params": {n: self.global_params[n].clone() for n in self.names},
                 "outer": self.outer.state_dict(), "contributors": dict(self.contributors),
                 "reputation": self.reputation.to_dict(),
-                "previous": {"hash": self.previous.hash, "pool": sorted(self.previous.pool)}}
+                "previous": {"hash": self.previous.hash, "pool": sorted(self.previous.pool)},
+                "codec": self._codec_state()}
 
     @torch.no_grad()
     def load_shared_state(self, state: Mapping[str, Any], keep_progress: bool = False) -> None:
@@ -464,6 +490,11 @@ class Engine:
         contributors = _ledger(state.get("contributors"), int(state["round"]))
         reputation = Reputation.from_dict(state.get("reputation"))
         previous = _previous(state.get("previous"))
+        codec_state = state.get("codec") or {}
+        if self.compressor is not None:
+            self.compressor.load_state_dict(codec_state, {n: tuple(self.global_params[n].shape) for n in self.names})
+        elif codec_state:
+            raise ValueError("shared state: a compressor's state in a run whose codec keeps none")
         progress = {n: self.params[n] - self.start[n] for n in self.names} if keep_progress else None
         self.global_params = {n: params[n].detach().float().cpu().clone() for n in self.names}
         self.outer.load_state_dict(state["outer"])

@@ -23,7 +23,6 @@ import torch
 from torch import Tensor
 
 from gradnode.protocol.errors import ProtocolError
-from gradnode.protocol.feedback import fold
 
 MAX_NUMEL = 1 << 28  # the wire's default bound on one tensor's values
 MAX_SECTIONS = 8
@@ -121,6 +120,17 @@ def check_shape(shape: Any) -> Shape:
     return shape
 
 
+def fold(buffers: MutableMapping[str, Tensor], name: str, d: Tensor, beta: float) -> Tensor:
+    """e <- beta * e + d for the fp32 buffer ``name`` (made of zeros on first use); the buffer. One of another
+    shape or dtype is a caller's bug, never carried on: ProtocolError."""
+    e = buffers.get(name)
+    if e is None:
+        e = buffers[name] = torch.zeros(d.shape, dtype=torch.float32, device=d.device)
+    elif e.shape != d.shape or e.dtype != torch.float32:
+        raise ProtocolError(f"{name}: error buffer must be fp32 of shape {tuple(d.shape)}")
+    return e.mul_(beta).add_(d.to(e.dtype))
+
+
 class Compressor(ABC):
     """One family's encoder and decoder, with shared state only where the family needs it (PowerSGD).
 
@@ -178,12 +188,9 @@ class Compressor(ABC):
         code, recon = self._encode(name, x, round)
         return code, recon.reshape(t.shape)
 
-    def decode(self, name: str, shape: Shape, round: int, code: Any) -> Tensor:
-        """A code from the network -> fp32 tensor of shape; ProtocolError for anything malformed.
-
-        The header and every length are checked before any section is read, so hostile bytes cost at
-        most the tensor's own size.
-        """
+    def check(self, name: str, shape: Shape, round: int, code: Any) -> Shape:
+        """The shape, once code's header and every section length are checked (ProtocolError if not): nothing
+        is read before, so hostile bytes cost at most the tensor's own size."""
         shape = check_shape(tuple(shape))
         lengths = self.lengths(name, shape, round, code)
         if not isinstance(code.sections, tuple) or len(code.sections) != len(lengths):
@@ -191,12 +198,24 @@ class Compressor(ABC):
         for i, (s, n) in enumerate(zip(code.sections, lengths)):
             if not isinstance(s, bytes) or len(s) != n:
                 raise ProtocolError(f"{name}: section {i} must be {n} bytes")
+        return shape
+
+    def decode(self, name: str, shape: Shape, round: int, code: Any) -> Tensor:
+        """A code from the network -> fp32 tensor of shape; ProtocolError for anything malformed (``check``
+        first)."""
+        shape = self.check(name, shape, round, code)
         if self.is_dense(shape, round):
             return from_bytes(code.sections[0], torch.float32, f"{name}: dense values").reshape(shape)
         out = self._decode(name, shape, round, code)
         if not bool(torch.isfinite(out).all()):  # finite parts can overflow: a scale near fp32's max times 127
             raise ProtocolError(f"{name}: decodes to NaN or Inf values")
         return out.reshape(shape)
+
+    def sent(self, name: str, shape: Shape, round: int, code: Any) -> tuple[Tensor | None, Tensor]:
+        """What a receiver holds of a code: the flat positions it sent (sorted; None: every position) and their
+        fp32 values, decoded as strictly as ``decode``. A family that sends a few known positions says which, so
+        that a held update costs what was sent, not the tensor's size."""
+        return None, self.decode(name, shape, round, code).reshape(-1)
 
     def lengths(self, name: str, shape: Shape, round: int, code: Any) -> tuple[int, ...]:
         """Section lengths of code, after checking its header; ProtocolError if the header is wrong."""
@@ -258,6 +277,17 @@ class Compressor(ABC):
 
     def observe(self, round: int, aggregate: Mapping[str, Tensor]) -> None:
         """Learn from the round's applied aggregate (every peer sees the same one). Most families keep nothing."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The shared state the family learned (``observe``): what a peer that adopts a state must hold to decode
+        alike. Empty for most families."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any], shapes: Mapping[str, Shape]) -> None:
+        """Hold ``state`` (from ``state_dict``, maybe of another peer: checked against the model's ``shapes``).
+        ValueError if malformed."""
+        if state:
+            raise ValueError(f"{self.family.value} keeps no shared state")
 
     # --- summing without decoding -------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -105,8 +105,20 @@ class PowerSGDCompressor(Compressor):
     def state_dict(self) -> dict[str, tuple[int, str, Tensor]]:
         return {k: (r, s, b.clone()) for k, (r, s, b) in self.bases.items()}
 
-    def load_state_dict(self, state: Mapping[str, tuple[int, str, Tensor]]) -> None:
-        self.bases = {k: (int(r), str(s), b.float().clone()) for k, (r, s, b) in state.items()}
+    def load_state_dict(self, state: Mapping[str, Any], shapes: Mapping[str, Shape]) -> None:
+        """Hold another peer's bases (a state it offered: checked). Each is a finite fp32 matrix of ``rank``
+        columns, with the rows of the side of its tensor (of ``shapes``) it multiplies, serving one round."""
+        bases = {}
+        for k, value in state.items():
+            ok = isinstance(k, str) and k in shapes and isinstance(value, (tuple, list)) and len(value) == 3
+            r, side, b = value if ok else (None, None, None)
+            if not ok or type(r) is not int or r < 0 or side not in (RIGHT, LEFT) or not isinstance(b, Tensor) \
+                    or b.dtype != torch.float32 or b.dim() != 2 or len(shapes[k]) < 2 \
+                    or tuple(b.shape) != (matrix_shape(shapes[k])[1 if side == RIGHT else 0], self.settings.rank) \
+                    or not bool(torch.isfinite(b).all()):
+                raise ValueError(f"powersgd basis {k!r}: malformed")
+            bases[k] = (r, side, b.detach().float().cpu().clone())
+        self.bases = bases
 
     def _dtype(self) -> torch.dtype:
         return torch.float32 if self.settings.bits == 32 else torch.bfloat16

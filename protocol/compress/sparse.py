@@ -157,6 +157,15 @@ class RandomKCompressor(Compressor):
     def _decode(self, name: str, shape: Shape, round: int, code: Code) -> Tensor:
         return self._expand(name, shape, round, self._compact(name, shape, round, code))
 
+    def sent(self, name: str, shape: Shape, round: int, code: Code) -> tuple[Tensor | None, Tensor]:
+        """The shared positions and the values: a held update costs its values, not its tensor's size."""
+        shape = self.check(name, shape, round, code)
+        if self.is_dense(shape, round):
+            return super().sent(name, shape, round, code)
+        index = self.indices(name, shape, round)
+        return index.to(torch.int32 if math.prod(shape) <= 2**31 else torch.int64), \
+            self._compact(name, shape, round, code).float()
+
 
 # ---------------------------------------------------------------- DCT top-k
 

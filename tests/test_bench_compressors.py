@@ -43,9 +43,15 @@ def test_tiny_bench_has_every_family_with_sane_figures(tmp_path, monkeypatch):
     assert out["fewest_bytes_within_1pct"] in rows
 
 
-def test_a_sweep_runs_each_row_at_each_rate_and_todays_sparseloco_once() -> None:
+def test_a_sweep_runs_each_row_at_each_rate_and_compares_with_the_best_reference() -> None:
     from gradnode.node.bench import compressors as bc
-    rows = bc.swept(bc.ROWS[:3], [1.5, 2.0])
-    assert [(r.label, r.lr) for r in rows] == [(bc.REFERENCE.label, 1.0)] + [
-        (r.label, lr) for r in bc.ROWS[1:3] for lr in (1.5, 2.0)]
+    rows = bc.swept(bc.ROWS[:3], [1.0, 2.0])
+    assert [(r.label, r.lr) for r in rows] == [(bc.REFERENCE.label, 1.0), (bc.REFERENCE.label, 2.0)] + [
+        (r.label, lr) for r in bc.ROWS[1:3] for lr in (1.0, 2.0)]
     assert len({r.key for r in rows}) == len(rows) and bc.swept(bc.ROWS, []) == bc.ROWS
+    def result(label: str, lr: float, loss: float, nbytes: float = 0.0189) -> bc.RowResult:
+        return bc.RowResult(label, "sparseloco", lr, loss, nbytes, False, 1.0, 1.0, 1.0, 1, 1)
+    report = bc.Report(None, [result(bc.REFERENCE.label, 1.0, 2.1), result(bc.REFERENCE.label, 2.0, 2.0),
+                              result("sparser", 2.0, 2.015, 0.01)])
+    assert report.reference.lr == 2.0  # a tuned row against the tuned reference: 1.0075x, not 0.96x
+    assert report.best_within(0.01).label == "sparser" and report.best_within(0.005).label == bc.REFERENCE.label

@@ -211,3 +211,13 @@ def test_sizes_of_the_virtual_simulator_follow_the_family() -> None:
     from gradnode.node.sim import sizes
     dense = sizes.update_bytes(_cfg("dense"))
     assert sizes.update_bytes(_cfg("sign")) < dense / 8 and sizes.update_bytes(tiny_config()) < dense / 8
+
+
+def test_a_checkpoint_keeps_the_basis(tmp_path) -> None:
+    cfg = tiny_config(tmp_path, codec={"family": "powersgd", "options": {"rank": 2}})
+    a, b = Engine(cfg, peer_index=0), Engine(cfg, peer_index=1)
+    _rounds([a, b], 2)
+    a.save_checkpoint(tmp_path / "ckpt")
+    resumed = Engine.resume(cfg, tmp_path / "ckpt")
+    assert resumed.compressor.state_dict().keys() == a.compressor.state_dict().keys()
+    assert resumed.state_hash() == a.state_hash()

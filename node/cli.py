@@ -1304,8 +1304,8 @@ def bench_compressors_cmd(
                                                    "families (repeatable), plus today's SparseLoCo."),
         seed: int = typer.Option(0, "--seed", min=0, metavar="N", help="Seed of models and data."),
         lrs: Optional[list[float]] = typer.Option(None, "--lr", min=0.01, max=10.0, metavar="LR", help="Outer "
-                                                  "learning rates to sweep (repeatable): every row but today's "
-                                                  "SparseLoCo runs at each, instead of at its own."),
+                                                  "learning rates to sweep (repeatable): every row runs at each "
+                                                  "instead of its own, today's SparseLoCo at its own too."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of the table."),
         plot_path: Optional[Path] = typer.Option(None, "--plot", metavar="FILE.png",
                                                  help="Write a PNG of val loss vs bytes (needs matplotlib)."),

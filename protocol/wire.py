@@ -336,6 +336,17 @@ def _spec_keys(params: CodecParams) -> set[str]:
     return keys
 
 
+def _named_shape(spec: dict[str, Any], seen: set[str], max_numel: int) -> tuple[str, tuple[int, ...]]:
+    """A tensor spec's name (non-empty, not in ``seen``: then added) and shape, checked."""
+    name = _str(spec["name"], "tensor name", MAX_NAME)
+    if not name or name in seen:
+        raise ProtocolError(f"empty or duplicate tensor name {name!r}")
+    seen.add(name)
+    if type(spec["shape"]) is not list or len(spec["shape"]) > MAX_NDIM:
+        raise ProtocolError(f"{name}: shape must be a list of at most {MAX_NDIM} dims")
+    return name, tuple(_int(d, f"{name}: dim", 0, max_numel) for d in spec["shape"])
+
+
 def _parse_specs(raw: Any, params: CodecParams, max_tensors: int, max_numel: int,
                  expected: Mapping[str, tuple[int, ...]] | None) -> list[tuple[str, tuple[int, ...], dict[str, Any]]]:
     if type(raw) is not list or len(raw) > max_tensors:
@@ -343,13 +354,7 @@ def _parse_specs(raw: Any, params: CodecParams, max_tensors: int, max_numel: int
     keys, specs, seen, total = _spec_keys(params), [], set(), 0
     for i, spec in enumerate(raw):
         spec = _keys(spec, keys, f"tensor spec {i}")
-        name = _str(spec["name"], "tensor name", MAX_NAME)
-        if not name or name in seen:
-            raise ProtocolError(f"empty or duplicate tensor name {name!r}")
-        seen.add(name)
-        if type(spec["shape"]) is not list or len(spec["shape"]) > MAX_NDIM:
-            raise ProtocolError(f"{name}: shape must be a list of at most {MAX_NDIM} dims")
-        shape = tuple(_int(d, f"{name}: dim", 0, max_numel) for d in spec["shape"])
+        name, shape = _named_shape(spec, seen, max_numel)
         numel = math.prod(shape)
         total += numel
         if total > max_numel:
@@ -404,13 +409,6 @@ def _sq_norm(params: CodecParams, per_tensor: list[tuple[list[int], Tensor, Tens
 MAX_META_FIELDS = 8  # header fields of one family code (the most any family writes is 3)
 
 
-def _parse_shape(spec: dict[str, Any], max_numel: int) -> tuple[str, tuple[int, ...]]:
-    name = _str(spec["name"], "tensor name", MAX_NAME)
-    if type(spec["shape"]) is not list or len(spec["shape"]) > MAX_NDIM:
-        raise ProtocolError(f"{name}: shape must be a list of at most {MAX_NDIM} dims")
-    return name, tuple(_int(d, f"{name}: dim", 0, max_numel) for d in spec["shape"])
-
-
 def _decode_family(data: bytes, signature: bytes, rest: bytes, header: dict[str, Any], frame: bytes,
                    comp: Compressor, run_id: str, sender: str, round_: int, tokens: int, max_tensors: int,
                    max_numel: int, expected: Mapping[str, tuple[int, ...]] | None,
@@ -423,10 +421,7 @@ def _decode_family(data: bytes, signature: bytes, rest: bytes, header: dict[str,
     codes, seen, total, body_size = [], set(), 0, 0
     for i, spec in enumerate(raw):
         spec = _keys(spec, {"name", "shape", "dtype", "meta"}, f"tensor spec {i}")
-        name, shape = _parse_shape(spec, max_numel)
-        if not name or name in seen:
-            raise ProtocolError(f"empty or duplicate tensor name {name!r}")
-        seen.add(name)
+        name, shape = _named_shape(spec, seen, max_numel)
         total += math.prod(shape)
         if total > max_numel:
             raise ProtocolError(f"update declares more than max_numel={max_numel} values")

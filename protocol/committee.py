@@ -17,6 +17,11 @@ fetches at most ``contributors + newcomers`` updates and counts at most ``witnes
   slots a pool smaller than the budget leaves empty (a run's first rounds fill the pool this way): those
   whose tickets on the round's base (the hash of round r - 1) are lowest among the newcomers a peer saw announce. The
   base is unknown while the newcomer computes, one round less ahead than a drawn contributor's seed.
+- A newcomer announces only when its ticket on the base is in the round's draw: the lowest share of
+  tickets that gives ``ANNOUNCE_MARGIN`` announcers per open slot, among the keys outside the pool of the
+  roster it sees (``announces``). The newcomers admitted are still the lowest tickets, so the rule changes
+  who is admitted only when fewer announce than there are slots. It keeps a round's announcements at
+  about ``contributors + ANNOUNCE_MARGIN * slots`` at any N.
 - LAG is two because a peer computes round r while round r - 1 is decided: at the start of round r's
   compute it holds round r - 2's state, so a drawn peer knows it is drawn before it computes.
 
@@ -38,6 +43,7 @@ from math import comb, expm1, log1p
 
 from gradnode.protocol.records import MAX_PEERS_PER_ROUND
 
+ANNOUNCE_MARGIN = 4  # newcomers expected to announce per open slot (``announces``)
 LAG = 2  # the committee of round r is drawn from the state after round r - LAG
 GENESIS = "genesis"  # the hash a draw reads for a round before the run's first: no state, an empty pool
 
@@ -161,6 +167,32 @@ def admitted(committee: Committee, base: str, announced: Iterable[str]) -> froze
     newcomers = {k for k in announced if k not in committee.pool}
     s = seed(base, committee.round_)
     return frozenset(announced & committee.contributors) | lowest(Role.NEWCOMER, s, newcomers, committee.newcomers)
+
+
+def announce_share(committee: Committee, roster: int) -> float:
+    """The share of newcomer tickets in a round's draw: ANNOUNCE_MARGIN announcers per open slot, among the
+    ``roster - len(pool)`` keys outside the pool (at least one). Announcers are Poisson with a mean of
+    ANNOUNCE_MARGIN * slots: with 2 slots, fewer than 2 announce in 3e-3 of rounds, and a slot left empty
+    only delays a newcomer by a round."""
+    outside = max(1, roster - len(committee.pool))
+    return min(1.0, ANNOUNCE_MARGIN * committee.newcomers / outside)
+
+
+def announces(committee: Committee | None, base: str, key: str, roster: int) -> bool:
+    """Whether ``key`` announces its update of the committee's round: always without a committee, when drawn
+    as a contributor, never as an undrawn key of the pool, and as a newcomer when its ticket on ``base`` is
+    within ``announce_share`` of the roster it sees (``roster``: the live keys it counts, itself included).
+    The base is the hash of the round before, known once that round is applied and not while the newcomer
+    computed, so a key cannot be made to fall within the share."""
+    if committee is None or key in committee.contributors:
+        return True
+    if key in committee.pool or committee.newcomers == 0:
+        return False
+    share = announce_share(committee, roster)
+    if share >= 1.0:
+        return True
+    t = ticket(Role.NEWCOMER, seed(base, committee.round_), key)
+    return int.from_bytes(t[:8], "big") < share * 2.0**64
 
 
 class Ranking:

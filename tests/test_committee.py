@@ -116,6 +116,41 @@ def test_newcomers_are_admitted_by_their_ticket_on_the_base_at_most_the_budget()
     assert cm.admitted(c, "hash-9", new) == cm.admitted(c, "hash-9", list(reversed(new)))  # order-free
 
 
+def test_a_newcomer_announces_only_within_the_rounds_draw() -> None:
+    """Among 10,000 keys outside a pool of 200, about ANNOUNCE_MARGIN newcomers per open slot announce a round,
+    and they hold the lowest tickets, so the newcomers admitted are those all 10,000 would give."""
+    c = cm.draw(BUDGET, 10, "hash-8", POOL)
+    outside = [f"out-{i}" for i in range(10_000)]
+    roster = len(POOL) + len(outside)
+    undrawn = next(k for k in POOL if k not in c.contributors)
+    assert not cm.announces(c, "hash-9", undrawn, roster) and all(cm.announces(c, "hash-9", k, roster)
+                                                                   for k in c.contributors)
+    assert cm.announces(None, "hash-9", "anyone", roster)  # no committee: everyone sends
+    assert all(cm.announces(c, "hash-9", k, len(POOL) + 3) for k in outside[:3])  # a small roster: all announce
+    counts, same = [], 0
+    for b in range(100):
+        base = f"hash-9/{b}"
+        announcing = [k for k in outside if cm.announces(c, base, k, roster)]
+        counts.append(len(announcing))
+        same += cm.admitted(c, base, announcing) == cm.admitted(c, base, outside)
+    mean = sum(counts) / len(counts)
+    assert 0.8 * cm.ANNOUNCE_MARGIN * c.newcomers < mean < 1.2 * cm.ANNOUNCE_MARGIN * c.newcomers, counts
+    assert max(counts) < 30 and same >= 97, (counts, same)  # Poisson(8): fewer than 2 in 0.3% of rounds
+
+
+def test_a_swarm_reads_as_many_announcements_and_reports_at_128_peers_as_at_32() -> None:
+    """Budget 4,8,1, 8 rounds, seed 0: a peer's reads of announcements and reports a round at 128 peers
+    are within 1.3x of the 32-peer swarm's (122 / 133 and 53 / 62). When every newcomer announced they were
+    5.4x and 4.9x (1238 / 229 and 170 / 35): every key outside the pool announced, and early on reported."""
+    reads = {}
+    for n in (32, 128):
+        out = virtual.run(virtual.Scenario(peers=n, rounds=8, seed=0, committee=(4, 8, 1)))
+        assert out["violations"] == [] and out["final_hashes"] == 1 and not out["stalled"], (n, out)
+        reads[n] = out["traffic"]["records_read_by_table"]
+    for table in ("updates", "reports"):
+        assert reads[128][table] <= 1.3 * reads[32][table], (table, reads)
+
+
 @pytest.mark.parametrize(("w", "per_round", "per_run"), [(64, 2.0e-8, 2.0e-4), (96, 1.3e-11, 1.3e-7)])
 def test_the_odds_of_an_attacker_majority_are_those_the_design_states(w: int, per_round: float, per_run: float) -> None:
     """docs/design/scale.md: attackers holding 20% of the pool; W = 96 keeps a majority below 1e-6 per 10,000

@@ -138,7 +138,9 @@ def run_local_sgd(cfg: Config, s: BenchSettings, name: str, on_round: Callable[[
         if budget is not None:
             drawn = committee.of_round(budget, r, hashes, pools)
             assert drawn is not None
-            senders = committee.admitted(drawn, committee.base(r, hashes), [k for k in keys if drawn.sends(k)])
+            base = committee.base(r, hashes)
+            announced = [k for k in keys if committee.announces(drawn, base, k, len(keys))]
+            senders = committee.admitted(drawn, base, announced)
         payloads = []
         for key, e in zip(keys, engines):
             if key in senders:

@@ -429,7 +429,8 @@ class Simulation(Network, Sight, Content, States, Summary):
         if not p.alive:  # its own churn event killed it
             return
         drawn = self._committee(p, r)
-        if drawn is not None and not drawn.sends(p.id):  # not drawn: its work waits in its error feedback
+        roster = 1 + len(self._sight(p)[0])
+        if not committee.announces(drawn, committee.base(r, p.hashes), p.id, roster):  # its work waits, or is dropped
             self._read_members(p)
             self._open(p, r, sender=False)
             self._compute(p, r + 1)

@@ -468,12 +468,15 @@ class Peer:
 
     def _publish(self, tokens: int) -> RoundExchange:
         """Make, sign and announce this round's update; its exchange runs in the background. A key of the
-        pool that the round's committee did not draw sends nothing: its work waits as ``outer.undrawn`` says,
-        and it observes the round (as a witness, when drawn as one)."""
+        pool that the round's committee did not draw, or a newcomer outside the round's draw
+        (``committee.announces``), sends nothing: its work waits as ``outer.undrawn`` says, and it observes
+        the round (as a witness, when drawn as one)."""
         from gradnode.protocol import attach_signature, signing_digest
 
         drawn = self.engine.committee(self.cfg.committee.budget())
-        if drawn is not None and not drawn.sends(self.identity.peer_id):
+        me = self.identity.peer_id
+        roster = len(self.membership.members().keys() | {me})
+        if not committee_rule.announces(drawn, self._chain_base(self.engine.round), me, roster):
             self.engine.sit_out()
             self.tally.undrawn += 1
             log.info("round=%d undrawn: observing it (%s)", self.engine.round,

@@ -56,7 +56,7 @@ def test_records_late_as_often_as_the_dhts_split_no_round() -> None:
     16 peers, 20 rounds, seeds 2 and 3 (and 0, 5, 6, 7): 1-2 violations each. A peer now asks the missing
     witnesses for their reports before it counts (round.AskWitnesses at the grace's end), counts every report on
     its chain in a round with no ledger, and waits for a witness whose update it saw announced though its
-    record is out of sight. Without the ask, seed 2 splits again."""
+    record is out of sight. Without the ask, seed 11 splits 3 rounds (3, 7 and 16 one each)."""
     from gradnode.protocol import round as core
 
     for seed in (2, 3, *seeds(20)):
@@ -72,7 +72,7 @@ def test_records_late_as_often_as_the_dhts_split_no_round() -> None:
     core.RoundCore._decide = never_asks  # type: ignore[method-assign]
     core.RoundCore.unmoved = lambda self, missing: True  # type: ignore[method-assign]  # and counts at once
     try:
-        out = virtual.run(virtual.Scenario(peers=16, rounds=20, seed=2))
+        out = virtual.run(virtual.Scenario(peers=16, rounds=20, seed=11))
     finally:
         core.RoundCore._decide, core.RoundCore.unmoved = decide, unmoved  # type: ignore[method-assign]
     assert out["violations"], "without the ask and the unmoved count no late report split a round: the " \
@@ -95,16 +95,18 @@ def test_no_count_ends_while_the_missing_reports_could_move_it(monkeypatch: pyte
     """The same 64-peer scenario, seed 39: in round 12 the fetches of the 32-63 side queued past the deadline,
     so each peer verified only its own update. One peer counted its own report alone and applied its update;
     31 others counted 31 one-update reports and applied none (30 violations). A count ends now only when the
-    reports still missing cannot move its set (round.RoundCore.unmoved)."""
+    reports still missing cannot move its set (round.RoundCore.unmoved). Since a fetcher waits on a random copy
+    under way, not all on the first, seed 39 no longer queues so; seeds 12, 13 and 14 split a round without the
+    rule."""
     from gradnode.protocol import round as core
 
     half = ",".join(map(str, range(32))), ",".join(map(str, range(32, 64)))
     faults = scenario.parse_faults(f"partition:{half[0]}|{half[1]}@r10,heal@r20,kill:3@r5,restart:3@r8,"
                                   "kill:40@r12,restart:40@r16,join:60@r3,slow:7x5", 64)
-    out = virtual.run(virtual.Scenario(peers=64, rounds=40, seed=39, **faults))
+    out = virtual.run(virtual.Scenario(peers=64, rounds=40, seed=12, **faults))
     assert out["violations"] == [] and out["final_hashes"] == 1 and not out["stalled"], out
     monkeypatch.setattr(core.RoundCore, "unmoved", lambda self, missing: True)
-    out = virtual.run(virtual.Scenario(peers=64, rounds=40, seed=39, **faults))
+    out = virtual.run(virtual.Scenario(peers=64, rounds=40, seed=12, **faults))
     assert out["violations"], "without the rule the scenario splits no round: it no longer tests it"
 
 

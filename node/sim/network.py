@@ -169,9 +169,10 @@ class Network:
     def _fetch(self, p: VPeer, q: VPeer, r: int, digest: str) -> tuple[float, str]:
         """When q's fetch of p's update of round r ends, and from whom. The sender serves its copies within its
         budget (protocol/gossip.py: ``own_copies`` a window); past them q fetches from a random peer in its reach
-        that holds a copy (the node's holdings), or, while none does yet, from the first whose copy arrives,
-        once it has (the node's fetcher, told 'busy', tries the holders again). Each link carries one transfer
-        at a time at its full speed: a transfer begins once the uploader's and the downloader's earlier ones
+        that holds a copy (the node's holdings), or, while none does yet, from one of the copies under way,
+        picked at random, once it has arrived (the node's fetcher, told 'busy', tries the holders again as they
+        list their copies; queued on the first copy alone, the fetchers of a 256-peer round waited in one line
+        behind one uplink). Each link carries one transfer at a time at its full speed: a transfer begins once the uploader's and the downloader's earlier ones
         ended (their sum is what shared links take), and is tried again after RETRY_S for each attempt lost
         (``loss_p``). q also reads the round's holdings."""
         via, ready = p.id, self.now
@@ -180,8 +181,8 @@ class Network:
             held = [h for t, h in reach if t <= self.now]
             if held:
                 via = held[self.sources.randrange(len(held))]
-            elif reach:
-                ready, via = min(reach)
+            elif reach:  # none holds it yet: wait for one of the copies under way, picked at random
+                ready, via = reach[self.sources.randrange(len(reach))]
         if q.holdings_read != (r, self.now):  # the fetches a poll starts share one read (transport.READ_SHARE_S)
             q.holdings_read = (r, self.now)
             q.traffic.read("holdings", self.holding_writers[r], sizes.holdings(len(q.announcers_of.get(r, ()))))

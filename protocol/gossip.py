@@ -3,7 +3,11 @@ fetched one serve it on. The node's transport and the virtual simulator run the 
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from typing import Callable
+
+HOLDERS_PER_PART = 64  # the holdings records one read returns, about, at any roster size (``holdings_part``)
 
 
 def copy_window_s(min_deadline_s: float) -> float:
@@ -38,3 +42,29 @@ class CopyBudget:
 
     def forget(self, gone: Callable[[str], bool]) -> None:
         self.windows = {n: v for n, v in self.windows.items() if not gone(n)}
+
+
+def holdings_parts(roster: int) -> int:
+    """How many DHT keys a round's holdings are spread over: the least power of two that puts at most
+    HOLDERS_PER_PART of the ``roster``'s keys under each. One key would return every holder's record to every
+    read, N per read."""
+    parts = 1
+    while parts * HOLDERS_PER_PART < roster:
+        parts *= 2
+    return parts
+
+
+def holdings_part(peer: str, roster: int) -> int | None:
+    """The part of the round's holdings ``peer`` lists its copies under and reads its sources from: a hash of its
+    key, over ``holdings_parts(roster)``; None while one key holds them all. A fetcher learns about 64 holders
+    besides the sender, enough for the copies to spread; peers whose rosters differ may read apart, and then
+    fetch from the sender or the holders they do see."""
+    parts = holdings_parts(roster)
+    if parts == 1:
+        return None
+    return _number(peer) % parts
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _number(peer: str) -> int:
+    return int.from_bytes(hashlib.sha256(peer.encode()).digest()[:8], "big")

@@ -138,17 +138,30 @@ def test_a_newcomer_announces_only_within_the_rounds_draw() -> None:
     assert max(counts) < 30 and same >= 97, (counts, same)  # Poisson(8): fewer than 2 in 0.3% of rounds
 
 
-def test_a_swarm_reads_as_many_announcements_and_reports_at_128_peers_as_at_32() -> None:
-    """Budget 4,8,1, 8 rounds, seed 0: a peer's reads of announcements and reports a round at 128 peers
-    are within 1.3x of the 32-peer swarm's (122 / 133 and 53 / 62). When every newcomer announced they were
-    5.4x and 4.9x (1238 / 229 and 170 / 35): every key outside the pool announced, and early on reported."""
+def test_a_swarm_reads_as_many_announcements_reports_and_holdings_at_128_peers_as_at_32() -> None:
+    """Budget 4,8,1, 8 rounds, seed 0: a peer's reads of announcements, reports and holdings a round at 128
+    peers are within 1.3x of the 32-peer swarm's (122 / 133, 53 / 62, 20 / 17). When every newcomer
+    announced, the first two were 5.4x and 4.9x (1238 / 229 and 170 / 35): every key outside the pool
+    announced, and early on reported. Under one holdings key, holdings were 2.3x (40 / 17)."""
     reads = {}
     for n in (32, 128):
         out = virtual.run(virtual.Scenario(peers=n, rounds=8, seed=0, committee=(4, 8, 1)))
         assert out["violations"] == [] and out["final_hashes"] == 1 and not out["stalled"], (n, out)
         reads[n] = out["traffic"]["records_read_by_table"]
-    for table in ("updates", "reports"):
+    for table in ("updates", "reports", "holdings"):
         assert reads[128][table] <= 1.3 * reads[32][table], (table, reads)
+
+
+def test_a_rounds_holdings_are_spread_over_parts_of_64_writers_or_fewer_on_average() -> None:
+    from gradnode.protocol import gossip
+
+    assert gossip.holdings_parts(64) == 1 and gossip.holdings_part("k", 64) is None  # one key, as before
+    assert gossip.holdings_parts(65) == 2 and gossip.holdings_parts(10_000) == 256
+    keys = [f"key-{i}" for i in range(10_000)]
+    sizes = [0] * 256
+    for k in keys:
+        sizes[gossip.holdings_part(k, len(keys))] += 1
+    assert 10 < min(sizes) and max(sizes) < 80, (min(sizes), max(sizes))  # about 39 a part, none empty
 
 
 @pytest.mark.parametrize(("w", "per_round", "per_run"), [(64, 2.0e-8, 2.0e-4), (96, 1.3e-11, 1.3e-7)])

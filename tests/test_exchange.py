@@ -145,8 +145,9 @@ def test_a_fetch_asks_its_sender_first_and_reads_the_holdings_only_when_that_fai
     reads: list[str] = []
 
     class Holding(FakeMembers):
-        def read(self, table: str, round_: int | None, cls: type) -> list:
+        def read(self, table: str, round_: int | None, cls: type, part: int | None = None) -> list:
             reads.append(table)
+            assert part is None  # a swarm of one: one holdings key
             if table != "holdings":
                 return []
             return [Holdings.model_construct(peer=holder, held=pack([(sender, digest)]))]

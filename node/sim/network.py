@@ -28,6 +28,7 @@ from typing import Any, Callable
 from gradnode.node.sim import sizes
 from gradnode.node.sim.vpeer import VPeer
 from gradnode.protocol import round as core
+from gradnode.protocol.gossip import holdings_part
 
 RETRY_S = 1.0  # a lost transfer is noticed and retried this much later (the transport's timeout and retry)
 POLLS_PER_S = 1 / core.POLL_S  # a peer's polls of the DHT a second (it reads what reached it at each, _read_mail)
@@ -169,15 +170,17 @@ class Network:
     def _fetch(self, p: VPeer, q: VPeer, r: int, digest: str) -> tuple[float, str]:
         """When q's fetch of p's update of round r ends, and from whom. The sender serves its copies within its
         budget (protocol/gossip.py: ``own_copies`` a window); past them q fetches from a random peer in its reach
-        that holds a copy (the node's holdings), or, while none does yet, from one of the copies under way,
+        that holds a copy (the node's holdings: those of its part), or, while none does yet, from one of the copies under way,
         picked at random, once it has arrived (the node's fetcher, told 'busy', tries the holders again as they
         list their copies; queued on the first copy alone, the fetchers of a 256-peer round waited in one line
         behind one uplink). Each link carries one transfer at a time at its full speed: a transfer begins once the uploader's and the downloader's earlier ones
         ended (their sum is what shared links take), and is tried again after RETRY_S for each attempt lost
         (``loss_p``). q also reads the round's holdings."""
         via, ready = p.id, self.now
+        part = self._part(q)
         if not self.copies.take(digest, self.now):
-            reach = [(t, h) for t, h in self.holders[digest] if self.peers[h].alive and self._linked(self.peers[h], q)]
+            reach = [(t, h) for t, h in self.holders[digest] if self.peers[h].alive and self._linked(self.peers[h], q)
+                     and self._part(self.peers[h]) == part]
             held = [h for t, h in reach if t <= self.now]
             if held:
                 via = held[self.sources.randrange(len(held))]
@@ -185,7 +188,7 @@ class Network:
                 ready, via = reach[self.sources.randrange(len(reach))]
         if q.holdings_read != (r, self.now):  # the fetches a poll starts share one read (transport.READ_SHARE_S)
             q.holdings_read = (r, self.now)
-            q.traffic.read("holdings", self.holding_writers[r], sizes.holdings(len(q.announcers_of.get(r, ()))))
+            q.traffic.read("holdings", self.holding_writers[r, part], sizes.holdings(len(q.announcers_of.get(r, ()))))
         size = self.sc.update_bytes
         begin = max(ready, self.up_free[via], self.down_free[q.id])
         self.up_free[via] = self.down_free[q.id] = begin + size * 8 / min(self.bw[via], self.bw[q.id])
@@ -193,6 +196,11 @@ class Network:
         if p.lie != "withhold":  # nobody holds what its sender never served
             self.holders[digest].append((t, q.id))
         return t, via
+
+    def _part(self, q: VPeer) -> int | None:
+        """The part of a round's holdings q lists its copies under and reads (gossip.holdings_part), on the
+        roster in its sight."""
+        return holdings_part(q.id, 1 + len(self._sight(q)[0]))
 
     def _fetched(self, q: VPeer, r: int, p: VPeer, digest: str, now: float, via: str) -> None:
         """q's fetch of p's update of round r ended at ``now``: verified, or without the bytes (a withholder's).
@@ -206,7 +214,7 @@ class Network:
         q.traffic.hold(self.blob_cap)
         if q.holdings_at != (r, self.now):
             if q.holdings_at[0] != r:
-                self.holding_writers[r] += 1
+                self.holding_writers[r, self._part(q)] += 1
             q.holdings_at = (r, self.now)
             q.traffic.records_written += 1
         self._deliver(q, r, core.Verified(now, p.id, digest))

@@ -99,7 +99,8 @@ class Simulation(Network, Sight, Content, States, Summary):
         self.copies = CopyBudget(sc.own_copies, copy_window_s(sc.params.min_deadline_s))  # the senders' budgets
         # an update's digest -> its copies fetched or being fetched: (when the fetch ends, by whom)
         self.holders: dict[str, list[tuple[float, str]]] = defaultdict(list)
-        self.holding_writers: dict[int, int] = defaultdict(int)  # round -> peers that listed what they hold
+        # (round, part of the holdings) -> peers that listed what they hold there
+        self.holding_writers: dict[tuple[int, int | None], int] = defaultdict(int)
         self.sources = random.Random(f"{sc.seed}/sources")  # which holder a fetcher turns to
         self.blob_cap = max(1, BLOB_BUDGET // max(1, sc.update_bytes))  # updates a peer's blob store holds
         self.budget = committee.Budget(*sc.committee)

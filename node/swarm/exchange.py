@@ -49,6 +49,7 @@ from gradnode.node.swarm.rules import JUDGEMENTS, UpdateRules
 from gradnode.node.swarm.transport import Transport
 from gradnode.protocol import round as core
 from gradnode.protocol.committee import Committee, Fetches
+from gradnode.protocol.gossip import holdings_part
 from gradnode.protocol.records import (
     MAX_PEERS_PER_ROUND,
     Holdings,
@@ -168,6 +169,8 @@ class RoundExchange(threading.Thread):
         self.agreement.core.doubted = self.doubted  # left out of this witness's report by the core
         self._events: list[core.Event] = []  # what the fetches gave since the core's last turn
         self._claiming = False  # testing aid: the 'slowhold' adversary lists updates it does not hold
+        # the part of the round's holdings this peer lists its copies under and reads (about 64 holders a part)
+        self._part = holdings_part(self.me, len(membership.members().keys() | {self.me}))
         self.verdict: Verdict | None = None  # the set this peer's reports gave
         self._outcome: Outcome | None = None
         self._t0 = time.monotonic()
@@ -349,7 +352,7 @@ class RoundExchange(threading.Thread):
 
     def _holders(self, sender: str, digest: str) -> Callable[[], list[tuple[str, list[str]]]]:
         """The sources of one fetch, read again at every pass (transport.fetch_async): the sender alone at the
-        first, and from the second on every peer whose holdings list the update. A fetch the sender serves, the
+        first, and from the second on every peer whose holdings (this peer's part of them) list the update. A fetch the sender serves, the
         common case, reads no holdings (each read returns every holder's record: with a read per pass, holdings
         were 15% of the records an 8-peer swarm read)."""
         fp = fingerprint(sender, digest)
@@ -360,7 +363,7 @@ class RoundExchange(threading.Thread):
             passes += 1
             holders = {sender}
             if passes > 1:
-                for h in self.members.read("holdings", self.round, Holdings):
+                for h in self.members.read("holdings", self.round, Holdings, part=self._part):
                     if fp in unpack(h.held):
                         holders.add(h.peer)
             return self.members.sources(sorted(holders))
@@ -421,7 +424,7 @@ class RoundExchange(threading.Thread):
         if self._claiming:
             pairs += [(s, a.digest) for s, a in self.announced.items() if s != self.me]
         self.members.write("holdings", self.round, Holdings(run_id=self.run_id, round=self.round, peer=self.me,
-                                                            held=pack(pairs)))
+                                                            held=pack(pairs)), part=self._part)
 
     def _reject(self, sender: str, reason: str) -> None:
         if (sender, reason) not in self._rejected:

@@ -187,12 +187,12 @@ class Membership:
         return rec.run_id == self.run_id and key is not None and verify(key, rec.signing_bytes(), rec.signature)
 
     def read(self, what: str, round_: int | None, cls: type[R], fresh: bool = False,
-             authors: Collection[str] | None = None) -> list[R]:
+             authors: Collection[str] | None = None, part: int | None = None) -> list[R]:
         """Verified records of one kind under one DHT key; malformed or forged ones are counted and dropped.
         ``fresh``: from a DHT read begun now, not one another thread began just before (Transport.get);
         ``authors``: only the records these keys stored (the others are skipped unread)."""
         out = []
-        for owner, raw in self.transport.get(dht_key(self.run_id, what, round_), fresh=fresh):
+        for owner, raw in self.transport.get(dht_key(self.run_id, what, round_, part), fresh=fresh):
             if authors is not None and owner not in authors:
                 continue
             try:
@@ -212,8 +212,10 @@ class Membership:
             out.append(rec)
         return out
 
-    def write(self, what: str, round_: int | None, rec: Record, ttl: float | None = None) -> bool:
-        return self.transport.store(dht_key(self.run_id, what, round_), self.sign(rec).to_bytes(), ttl or self.ttl)
+    def write(self, what: str, round_: int | None, rec: Record, ttl: float | None = None,
+              part: int | None = None) -> bool:
+        return self.transport.store(dht_key(self.run_id, what, round_, part), self.sign(rec).to_bytes(),
+                                    ttl or self.ttl)
 
     def votes(self) -> Callable[[str], bool]:
         """Whose weight report or published chain counts: the recent contributors (RoundLog.voters), or

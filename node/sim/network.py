@@ -177,10 +177,12 @@ class Network:
         ended (their sum is what shared links take), and is tried again after RETRY_S for each attempt lost
         (``loss_p``). q also reads the round's holdings."""
         via, ready = p.id, self.now
-        part = self._part(q)
+        roster = 1 + len(self._sight(q)[0])
+        part = holdings_part(q.id, roster)
         if not self.copies.take(digest, self.now):
+            # the holders of q's part, on q's roster (each holder's own is a sight of N records to rebuild)
             reach = [(t, h) for t, h in self.holders[digest] if self.peers[h].alive and self._linked(self.peers[h], q)
-                     and self._part(self.peers[h]) == part]
+                     and holdings_part(h, roster) == part]
             held = [h for t, h in reach if t <= self.now]
             if held:
                 via = held[self.sources.randrange(len(held))]

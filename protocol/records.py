@@ -397,7 +397,8 @@ Table = Literal["members", "updates", "reports", "equivocations", "weights", "st
 
 def dht_key(run_id: str, what: Table, round_: int | None = None, part: int | None = None) -> str:
     """A table's DHT key, of one round or none, and of one of its parts (gossip.holdings_part) or the whole."""
-    return f"gradnode/{run_id}/{what}" + ("" if round_ is None else f"/{round_}") + ("" if part is None else f"/p{part}")
+    key = f"gradnode/{run_id}/{what}" + ("" if round_ is None else f"/{round_}")
+    return key if part is None else f"{key}/p{part}"
 
 
 def majority_hash(hashes: list[WeightHash], moved: Mapping[str, str] | None = None,

@@ -62,6 +62,9 @@ class FakeMembers:
     def members(self, *args: Any, **kw: Any) -> dict:
         return {}
 
+    def roster(self, me: str) -> int:
+        return 1
+
     def public_key(self, peer: str) -> None:
         return None
 

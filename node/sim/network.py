@@ -170,14 +170,15 @@ class Network:
     def _fetch(self, p: VPeer, q: VPeer, r: int, digest: str) -> tuple[float, str]:
         """When q's fetch of p's update of round r ends, and from whom. The sender serves its copies within its
         budget (protocol/gossip.py: ``own_copies`` a window); past them q fetches from a random peer in its reach
-        that holds a copy (the node's holdings: those of its part), or, while none does yet, from one of the copies under way,
-        picked at random, once it has arrived (the node's fetcher, told 'busy', tries the holders again as they
-        list their copies; queued on the first copy alone, the fetchers of a 256-peer round waited in one line
-        behind one uplink). Each link carries one transfer at a time at its full speed: a transfer begins once the uploader's and the downloader's earlier ones
-        ended (their sum is what shared links take), and is tried again after RETRY_S for each attempt lost
-        (``loss_p``). q also reads the round's holdings."""
+        that holds a copy (the node's holdings: those of its part), or, while none does yet, from one of the
+        copies under way, picked at random, once it has arrived (the node's fetcher, told 'busy', tries the
+        holders again as they list their copies; queued on the first copy alone, the fetchers of a 256-peer
+        round waited in one line behind one uplink). Each link carries one transfer at a time at its full
+        speed: a transfer begins once the uploader's and the downloader's earlier ones ended (their sum is
+        what shared links take), and is tried again after RETRY_S for each attempt lost (``loss_p``).
+        q also reads the round's holdings."""
         via, ready = p.id, self.now
-        roster = 1 + len(self._sight(q)[0])
+        roster = self._roster(q)
         part = holdings_part(q.id, roster)
         if not self.copies.take(digest, self.now):
             # the holders of q's part, on q's roster (each holder's own is a sight of N records to rebuild)
@@ -202,7 +203,7 @@ class Network:
     def _part(self, q: VPeer) -> int | None:
         """The part of a round's holdings q lists its copies under and reads (gossip.holdings_part), on the
         roster in its sight."""
-        return holdings_part(q.id, 1 + len(self._sight(q)[0]))
+        return holdings_part(q.id, self._roster(q))
 
     def _fetched(self, q: VPeer, r: int, p: VPeer, digest: str, now: float, via: str) -> None:
         """q's fetch of p's update of round r ended at ``now``: verified, or without the bytes (a withholder's).

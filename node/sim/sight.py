@@ -155,6 +155,10 @@ class Sight:
         p.sight = (p.held, expires - 1e-9, tails, rounds)
         return tails, rounds
 
+    def _roster(self, p: VPeer) -> int:
+        """The live keys p counts, itself included (the node's ``Membership.roster``)."""
+        return 1 + len(self._sight(p)[0])
+
     def _pace(self, p: VPeer) -> float:
         """p's round time (``round.pace``, which Clock.round_seconds reads too): the lower median of the round
         times that the member records in its sight claim, of the last round's senders (of every record in sight

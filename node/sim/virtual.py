@@ -430,8 +430,7 @@ class Simulation(Network, Sight, Content, States, Summary):
         if not p.alive:  # its own churn event killed it
             return
         drawn = self._committee(p, r)
-        roster = 1 + len(self._sight(p)[0])
-        if not committee.announces(drawn, committee.base(r, p.hashes), p.id, roster):  # its work waits, or is dropped
+        if not committee.announces(drawn, committee.base(r, p.hashes), p.id, self._roster(p)):  # its work waits, or is dropped
             self._read_members(p)
             self._open(p, r, sender=False)
             self._compute(p, r + 1)

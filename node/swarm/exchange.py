@@ -170,7 +170,7 @@ class RoundExchange(threading.Thread):
         self._events: list[core.Event] = []  # what the fetches gave since the core's last turn
         self._claiming = False  # testing aid: the 'slowhold' adversary lists updates it does not hold
         # the part of the round's holdings this peer lists its copies under and reads (about 64 holders a part)
-        self._part = holdings_part(self.me, len(membership.members().keys() | {self.me}))
+        self._part = holdings_part(self.me, membership.roster(self.me))
         self.verdict: Verdict | None = None  # the set this peer's reports gave
         self._outcome: Outcome | None = None
         self._t0 = time.monotonic()
@@ -352,9 +352,9 @@ class RoundExchange(threading.Thread):
 
     def _holders(self, sender: str, digest: str) -> Callable[[], list[tuple[str, list[str]]]]:
         """The sources of one fetch, read again at every pass (transport.fetch_async): the sender alone at the
-        first, and from the second on every peer whose holdings (this peer's part of them) list the update. A fetch the sender serves, the
-        common case, reads no holdings (each read returns every holder's record: with a read per pass, holdings
-        were 15% of the records an 8-peer swarm read)."""
+        first, and from the second on every peer whose holdings (this peer's part of them) list the update. A
+        fetch the sender serves, the common case, reads no holdings (each read returns every holder's record:
+        with a read per pass, holdings were 15% of the records an 8-peer swarm read)."""
         fp = fingerprint(sender, digest)
         passes = 0
 

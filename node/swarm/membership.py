@@ -91,6 +91,11 @@ class Membership:
         self.bad_records[who] = self.bad_records.get(who, 0) + 1
         log.warning("record rejected author=%s reason=%s", who, why)
 
+    def roster(self, me: str) -> int:
+        """The live keys this peer counts, itself included: what the committee's share of newcomers and the
+        holdings' parts are sized on."""
+        return len(self.members().keys() | {me})
+
     def members(self, max_age: float = 0.5, fresh: bool = False) -> dict[str, MemberRecord]:
         """Live members by peer id (cached for ``max_age`` seconds); expired and leaving peers dropped.
         ``fresh``: read the DHT now (Transport.get)."""

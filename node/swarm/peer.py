@@ -475,8 +475,7 @@ class Peer:
 
         drawn = self.engine.committee(self.cfg.committee.budget())
         me = self.identity.peer_id
-        roster = len(self.membership.members().keys() | {me})
-        if not committee_rule.announces(drawn, self._chain_base(self.engine.round), me, roster):
+        if not committee_rule.announces(drawn, self._chain_base(self.engine.round), me, self.membership.roster(me)):
             self.engine.sit_out()
             self.tally.undrawn += 1
             log.info("round=%d undrawn: observing it (%s)", self.engine.round,

@@ -22,6 +22,8 @@ fetches at most ``contributors + newcomers`` updates and counts at most ``witnes
   roster it sees (``announces``). The newcomers admitted are still the lowest tickets, so the rule changes
   who is admitted only when fewer announce than there are slots. It keeps a round's announcements at
   about ``contributors + ANNOUNCE_MARGIN * slots`` at any N.
+- A round's weight hashes count from its witnesses only (its senders, before a pool exists), and only
+  they publish one (``weighers``).
 - LAG is two because a peer computes round r while round r - 1 is decided: at the start of round r's
   compute it holds round r - 2's state, so a drawn peer knows it is drawn before it computes.
 
@@ -106,6 +108,20 @@ def reports(key: str, drawn: Committee | None, sends: bool, observes: bool) -> b
     if drawn is not None and drawn.pool:
         return key in drawn.witnesses
     return sends
+
+
+def weighers(drawn: Committee | None, senders: Collection[str] | None) -> frozenset[str] | None:
+    """Whose weight hashes of a round count, and so who publishes one. A drawn committee's round: its
+    witnesses, the majority that decided the set confirming the weights it makes. A committee's round with
+    no pool to draw from (a run's first rounds, whose senders witness them): the ``senders`` of the set
+    applied. None (every voter) without a committee, or when the senders are unknown (a round replayed or
+    adopted). A round's weight reports so stay at the budget at any N. Readers count these keys' reports
+    only: else pool keys that are not witnesses (20% of the pool, an attacker's) would outnumber the W."""
+    if drawn is None:
+        return None
+    if drawn.pool:
+        return drawn.witnesses
+    return None if senders is None else frozenset(senders)
 
 
 def seed(state_hash: str, round_: int) -> bytes:

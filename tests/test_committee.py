@@ -138,18 +138,29 @@ def test_a_newcomer_announces_only_within_the_rounds_draw() -> None:
     assert max(counts) < 30 and same >= 97, (counts, same)  # Poisson(8): fewer than 2 in 0.3% of rounds
 
 
-def test_a_swarm_reads_as_many_announcements_reports_and_holdings_at_128_peers_as_at_32() -> None:
-    """Budget 4,8,1, 8 rounds, seed 0: a peer's reads of announcements, reports and holdings a round at 128
-    peers are within 1.3x of the 32-peer swarm's (122 / 133, 53 / 62, 20 / 17). When every newcomer
-    announced, the first two were 5.4x and 4.9x (1238 / 229 and 170 / 35): every key outside the pool
-    announced, and early on reported. Under one holdings key, holdings were 2.3x (40 / 17)."""
+def test_a_swarm_reads_as_many_announcements_reports_holdings_and_weights_at_128_peers_as_at_32() -> None:
+    """Budget 4,8,1, 8 rounds, seed 0: a peer's reads of announcements, reports, holdings and weight reports
+    a round at 128 peers are within 1.3x of the 32-peer swarm's (119 / 133, 52 / 61, 20 / 17, 6 / 6). When
+    every newcomer announced, the first two were 5.4x and 4.9x (1238 / 229 and 170 / 35): every key outside
+    the pool announced, and early on reported. Under one holdings key, holdings were 2.3x (40 / 17). When
+    every peer published its weight hash, weight reports were 4.0x (109 / 27)."""
     reads = {}
     for n in (32, 128):
         out = virtual.run(virtual.Scenario(peers=n, rounds=8, seed=0, committee=(4, 8, 1)))
         assert out["violations"] == [] and out["final_hashes"] == 1 and not out["stalled"], (n, out)
         reads[n] = out["traffic"]["records_read_by_table"]
-    for table in ("updates", "reports", "holdings"):
+    for table in ("updates", "reports", "holdings", "weights"):
         assert reads[128][table] <= 1.3 * reads[32][table], (table, reads)
+
+
+def test_a_rounds_weight_hashes_count_from_its_witnesses_or_before_a_pool_its_senders() -> None:
+    pool = frozenset(f"k{i}" for i in range(20))
+    drawn = cm.draw(cm.Budget(4, 8, 1), 5, "h", pool)
+    assert cm.weighers(drawn, {"k0", "x"}) == drawn.witnesses and len(drawn.witnesses) == 8
+    first = cm.draw(cm.Budget(4, 8, 1), 0, cm.GENESIS, frozenset())  # a run's first rounds: no pool yet
+    assert cm.weighers(first, {"a", "b"}) == {"a", "b"} and cm.weighers(first, ()) == frozenset()
+    assert cm.weighers(first, None) is None  # a round replayed or adopted: every voter's hash counts
+    assert cm.weighers(None, {"a"}) is None  # no committee: every voter publishes and counts
 
 
 def test_a_rounds_holdings_are_spread_over_parts_of_64_writers_or_fewer_on_average() -> None:

@@ -370,7 +370,8 @@ def test_a_committee_swarm_applies_its_drawn_updates_only_and_ends_on_one_hash(r
     """Five real peers under a committee of one contributor, three witnesses and one newcomer slot a round
     (committee.*): every peer draws the same committee from the state two rounds back, fetches and applies
     the drawn contributor's update and at most the round's newcomer slots from outside the pool, sits the
-    other rounds out, and all end on one hash."""
+    other rounds out, and all end on one hash. Only a round's witnesses (its senders, before a pool) publish
+    its weight hash (committee.weighers): at most 3 a round, where every peer wrote 5."""
     summary = run_swarm(peers=5, rounds=6, extra=["committee.contributors=1", "committee.witnesses=3",
                                                   "committee.newcomers=1"])
     peers = summary["peers"]
@@ -391,6 +392,8 @@ def test_a_committee_swarm_applies_its_drawn_updates_only_and_ends_on_one_hash(r
             assert len(c["newcomers"]) <= c["slots"], (r, c)
     pool = max(rows[0]["committee"]["pool"] for rows in by_round.values())
     assert pool >= 1, by_round  # a round was drawn from a ledger
+    weights = sum(p["records_by_table"].get("weights", {}).get("records_written", 0) for p in peers)
+    assert 0 < weights <= 3 * 6, [p["records_by_table"].get("weights") for p in peers]
     if pool >= 2:  # a key of the pool was left out of a round: it sent nothing (or was too slow to)
         assert sum(p["undrawn"] + p["abstained"] for p in peers) >= 1, explain(summary)
 

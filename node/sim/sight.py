@@ -26,7 +26,7 @@ from typing import Any, Callable
 from gradnode.node.sim import sizes
 from gradnode.node.sim.content import update_digest
 from gradnode.node.sim.vpeer import TAIL, VPeer
-from gradnode.protocol import chain
+from gradnode.protocol import chain, committee
 from gradnode.protocol import round as core
 from gradnode.protocol import votes
 
@@ -42,6 +42,7 @@ class Sight:
         """Its member record (its chain's tail) and its state offer reach the others, with its weight reports of
         the rounds ``hashes`` names (round, hash) after an apply or an adoption (one write of the node's chores
         thread: the weight report, the state offer, the member record); it holds them itself."""
+        hashes = tuple((k, h) for k, h in hashes if self._weighs(p, k))  # a committee's: committee.weighers
         tail, chain_ = p.tail(), dict(p.hashes)
         if p.lie == "futurestate" and tail and tail[-1][0] >= self.sc.lies_from:  # a state far ahead, claimed
             far = tail[-1][0] + FUTURE_ROUNDS
@@ -71,6 +72,15 @@ class Sight:
                     q.weights[k][p.id] = h
 
         self._broadcast(p, deliver)
+
+    def _weighers(self, p: VPeer, r: int) -> frozenset[str] | None:
+        """Whose weight hashes of round r count for p, and so who publishes one (``committee.weighers`` of the
+        committee p draws for r and the set it applied; None: every voter's)."""
+        return committee.weighers(self._committee(p, r), p.sets.get(r)) if self.budget.drawn else None
+
+    def _weighs(self, p: VPeer, r: int) -> bool:
+        among = self._weighers(p, r)
+        return among is None or p.id in among
 
     def _heartbeat(self, p: VPeer, incarnation: int | None = None) -> None:
         if p.done or not p.alive or (incarnation is not None and incarnation != p.incarnation):

@@ -628,7 +628,7 @@ def _traffic(d: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
             if len(life) > 1 else None,
             "peak_updates_held": d.get("peak_updates_held", 0), "state_bytes_down": d.get("state_bytes_down", 0),
             "dht_read_s": records.get("read_ms", 0) / 1000 / max(1, records.get("reads", 0)),
-            "records": records}
+            "records": records, "records_by_table": d.get("records_by_table", {})}
 
 
 def plot(summary: dict[str, Any], path: Path) -> None:

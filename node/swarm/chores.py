@@ -37,6 +37,8 @@ class HashReport:
     update_bytes: int
     param_hash: str
     previous_hash: str | None  # our hash of the round before, checked against the majority
+    weighers: frozenset[str] | None = None  # who publishes a weight hash of the round (committee.weighers)
+    weighers_before: frozenset[str] | None = None  # whose weight hashes of the round before count
 
 
 @dataclass(frozen=True)
@@ -117,14 +119,15 @@ class Chores:
         return Findings(report.round - 1, report.previous_hash, {w.peer: w.param_hash for w in before}, chains)
 
     def _report_hash(self, r: HashReport) -> list[WeightHash] | None:
-        """Publish the weight hash of our newest applied round; the reports of the round before, when we hold
-        a hash of it to check against them."""
-        ttl = kept_for_catchup(self.sw, self.round_seconds())
-        self.members.write("weights", r.round, WeightHash(run_id=self.cfg.run.run_id, round=r.round,
-                                                          peer=self.members.identity.peer_id,
-                                                          param_hash=r.param_hash, included=pack(r.included),
-                                                          update_bytes=r.update_bytes), ttl=ttl)
-        return None if r.previous_hash is None else self.members.reports(r.round - 1)
+        """Publish the weight hash of our newest applied round (when its committee names us a witness); the
+        reports of the round before that count, when we hold a hash of it to check against them."""
+        me = self.members.identity.peer_id
+        if r.weighers is None or me in r.weighers:  # a drawn committee's witnesses only (committee.weighers)
+            ttl = kept_for_catchup(self.sw, self.round_seconds())
+            self.members.write("weights", r.round, WeightHash(run_id=self.cfg.run.run_id, round=r.round, peer=me,
+                                                              param_hash=r.param_hash, included=pack(r.included),
+                                                              update_bytes=r.update_bytes), ttl=ttl)
+        return None if r.previous_hash is None else self.members.reports(r.round - 1, among=r.weighers_before)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)

@@ -16,18 +16,25 @@ class RoundLog:
     # round -> ((sender, digest) pairs applied, their total bytes); kept for the catch-up window, reported
     applied: dict[int, tuple[list[tuple[str, str]], int]] = field(default_factory=dict)
     senders: list[str] = field(default_factory=list)  # who made the newest round: they set the pace
+    # round -> whose weight hashes of it count (committee.weighers: its drawn witnesses; None: every voter)
+    weighers: dict[int, frozenset[str] | None] = field(default_factory=dict)
     trusted_from: int = 0  # rounds before this were replaced by a re-sync: their hash checks are moot
 
-    def record(self, round_: int, param_hash: str, included: list[tuple[str, str]], update_bytes: int) -> None:
+    def record(self, round_: int, param_hash: str, included: list[tuple[str, str]], update_bytes: int,
+               weighers: frozenset[str] | None = None) -> None:
         self.hashes[round_] = param_hash
         self.applied[round_] = (included, update_bytes)
+        self.weighers[round_] = weighers
 
-    def newest_report(self) -> tuple[int, list[tuple[str, str]], int, str, str | None] | None:
-        """(round, included, bytes, hash, hash of the round before) of the newest round applied here."""
+    def newest_report(self) -> tuple[int, list[tuple[str, str]], int, str, str | None,
+                                     frozenset[str] | None, frozenset[str] | None] | None:
+        """(round, included, bytes, hash, hash of the round before, whose weight hashes count of it and of the
+        round before) of the newest round applied here."""
         if not self.applied:
             return None
         last = max(self.applied)
-        return (last, *self.applied[last], self.hashes[last], self.hashes.get(last - 1))
+        return (last, *self.applied[last], self.hashes[last], self.hashes.get(last - 1), self.weighers.get(last),
+                self.weighers.get(last - 1))
 
     def tail(self) -> list[Link]:
         """The newest states this peer holds, oldest first: what its member record publishes."""
@@ -37,3 +44,5 @@ class RoundLog:
     def forget_before(self, round_: int) -> None:
         for r in [r for r in self.applied if r < round_]:
             del self.applied[r]
+        for r in [r for r in self.weighers if r < round_ - 1]:  # the round before the oldest kept is checked
+            del self.weighers[r]

@@ -228,10 +228,12 @@ class Membership:
         voters = self.voters()
         return (lambda peer: True) if not voters else voters.__contains__
 
-    def reports(self, round_: int) -> list[WeightHash]:
-        """Round ``round_``'s weight reports that count (``votes``): what every majority is taken over."""
+    def reports(self, round_: int, among: Collection[str] | None = None) -> list[WeightHash]:
+        """Round ``round_``'s weight reports that count (``votes``): what every majority is taken over.
+        ``among``: only these keys' (the round's drawn witnesses, committee.weighers)."""
         votes = self.votes()
-        return [w for w in self.read("weights", round_, WeightHash) if w.round == round_ and votes(w.peer)]
+        return [w for w in self.read("weights", round_, WeightHash, authors=among)
+                if w.round == round_ and votes(w.peer)]
 
     def view(self, round_: int, announced: Iterable[str] = (), banned: Iterable[str] = ()) -> core.View:
         """What the member records in sight say about ``round_`` (who keeps up, counts, votes: the core's rule,

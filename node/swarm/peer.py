@@ -642,7 +642,8 @@ class Peer:
         included = [(s, ex.verified[s].digest) for s in outcome.senders]
         size = sum(len(self.transport.blobs.get(update_name(self.cfg.run.run_id, ex.round, s)) or b"")
                    for s in outcome.senders)
-        self.history.record(ex.round, self.engine.state_hash(), included, size)
+        self.history.record(ex.round, self.engine.state_hash(), included, size,
+                            committee_rule.weighers(ex.committee, outcome.senders))
         t = self.tally
         if outcome.own_included:
             t.contributed += 1
@@ -821,13 +822,16 @@ class Peer:
         # 'training' records of keys that never contributed held this wait to its end) that reached the last
         # round (a peer killed rounds ago stays in sight until its record goes stale, 30 s by default, and
         # held this wait to its end: it never reports again)
-        me, votes = self.identity.peer_id, self.membership.votes()
+        # (with a drawn committee: its witnesses of the last round only, the only ones that report it)
+        me, votes, among = self.identity.peer_id, self.membership.votes(), self.history.weighers.get(last)
         others = {p for p, m in self.membership.fresh(max_age=0).items() if m.training and votes(p)
                   and m.round >= last} | set(self.history.senders)
         others.discard(me)
+        if among is not None:
+            others &= among
         end, reports = time.monotonic() + min(30.0, self.sw.max_wait_s), []  # ends once most reported
         while time.monotonic() < end and not self.stop.is_set():
-            reports = self.membership.reports(last)
+            reports = self.membership.reports(last, among=among)
             if len({w.peer for w in reports} & others) > len(others) // 2:
                 break
             time.sleep(0.5)

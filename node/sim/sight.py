@@ -76,7 +76,7 @@ class Sight:
     def _weighers(self, p: VPeer, r: int) -> frozenset[str] | None:
         """Whose weight hashes of round r count for p, and so who publishes one (``committee.weighers`` of the
         committee p draws for r and the set it applied; None: every voter's)."""
-        return committee.weighers(self._committee(p, r), p.sets.get(r)) if self.budget.drawn else None
+        return committee.weighers(self._committee(p, r), p.sets.get(r))
 
     def _weighs(self, p: VPeer, r: int) -> bool:
         among = self._weighers(p, r)

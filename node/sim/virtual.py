@@ -684,8 +684,8 @@ class Simulation(Network, Sight, Content, States, Summary):
         counts_for, among = self._votes(p), self._weighers(p, r)
         reported = p.weights.get(r, {})  # the DHT returns every record under the key, a witness's or not
         p.traffic.read("weights", len(reported), sizes.weights(len(p.sets.get(r, ()))))
-        counted = {q: h for q, h in reported.items() if among is None or q in among}
-        votes = {q: h for q, h in counted.items() if counts_for(q)} if r >= 0 else {}
+        votes = {q: h for q, h in reported.items() if (among is None or q in among) and counts_for(q)} \
+            if r >= 0 else {}
         return peer_core.HashChecked(self.now, r, max(p.hashes) + 1, p.hashes.get(r), votes,
                                      peer_core.Chains(self._tails(p)))
 

@@ -128,7 +128,9 @@ class View:
     ``ahead``: training members two or more rounds past this round; ``voting``: the training members whose
     vote holds a round open (Membership.votes: the recent contributors; None: every live one); ``banned``:
     witnesses proven to equivocate (by this peer or another: never counted again); ``fresh``: the run's first round
-    (round 0, nobody contributed yet), so every 'training' record counted."""
+    (round 0, nobody contributed yet), so every 'training' record counted; ``based``: members whose record names
+    this round or the next (they applied the round before, the state its reports are made on, and none past it: a
+    record further on is of a peer that adopted a newer state, or of one whose reports this peer reads anyway)."""
 
     trainers: frozenset[str] = frozenset()
     counted: frozenset[str] = frozenset()
@@ -139,6 +141,7 @@ class View:
     voting: frozenset[str] | None = None
     banned: frozenset[str] = frozenset()
     fresh: bool = False
+    based: frozenset[str] = frozenset()
 
 
 def view_of(records: Mapping[str, tuple[int, bool]], me: str, round_: int, *, announced: Iterable[str] = (),
@@ -167,7 +170,8 @@ def view_of(records: Mapping[str, tuple[int, bool]], me: str, round_: int, *, an
                 present=frozenset({p for p, (r, _) in records.items() if r >= round_ - 4}),
                 live=training, ahead=frozenset({p for p, (r, t) in records.items() if t and r >= round_ + 2}),
                 voting=training & set(voters) if voters else training, banned=frozenset(banned),
-                fresh=anyone and round_ == 0)
+                fresh=anyone and round_ == 0,
+                based=frozenset({p for p, (r, _) in records.items() if round_ <= r <= round_ + 1}))
 
 
 def pace(times: Mapping[str, float], counted: Collection[str], own: float) -> float:
@@ -345,6 +349,7 @@ class RoundCore:
     committee: committee_rule.Committee | None = None
     newcomers: dict[str, float] = field(default_factory=dict)  # newcomers seen -> first sighting (committee)
     gone_out: bool = False  # a drawn round past max_wait_s: the missing reports of witnesses gone list nothing
+    based: set[str] = field(default_factory=set)  # every key a view showed holding this round's base (View.based)
     _ranking: committee_rule.Ranking | None = field(default=None, repr=False, compare=False)
     # the witness rule (protocol/witness.py); the simulator passes one that remembers its counts, as every peer of
     # a round counts the same reports
@@ -448,6 +453,7 @@ class RoundCore:
             return self._seen(event.report)
         elif isinstance(event, Members):
             self.view = event.view
+            self.based |= event.view.based
             for w in event.view.banned - self.banned:
                 self.banned.add(w)
                 self.reports.pop(w, None)
@@ -639,11 +645,13 @@ class RoundCore:
             return False
         witnesses = self.committee.witnesses
         need = witness_rule.quorum(len(witnesses))
-        # past max_wait_s, a witness gone from sight (its record expired, or it announced its departure) lists
-        # nothing: a majority of the witnesses reported (``counted``), so a side of a split that holds fewer
-        # still decides nothing
-        gone = (lambda w: w in self.view.leaving or w not in self.view.present) if self.gone_out else \
-            (lambda w: False)
+        # past max_wait_s, a witness gone from sight (its record expired, or it announced its departure) that no
+        # view showed holding this round's base lists nothing: it never held the state a counted report is made
+        # on. A majority of the witnesses reported (``counted``), so a side of a split that holds fewer still
+        # decides nothing. One seen on the base may have reported to others: an 8|8 split saw a peer count two
+        # of them and settle on 9 updates, and its side settle on 7 once their records expired
+        gone = (lambda w: (w in self.view.leaving or w not in self.view.present) and w not in self.based) \
+            if self.gone_out else (lambda w: False)
         missing = sum(1 for w in witnesses if w not in self.reports and w not in self.banned and not gone(w))
         return _fixed(counted, need, missing)
 

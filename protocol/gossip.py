@@ -59,10 +59,12 @@ def holdings_part(peer: str, roster: int) -> int | None:
     key, over ``holdings_parts(roster)``; None while one key holds them all. A fetcher learns about 64 holders
     besides the sender, enough for the copies to spread; peers whose rosters differ may read apart, and then
     fetch from the sender or the holders they do see."""
-    parts = holdings_parts(roster)
-    if parts == 1:
-        return None
-    return _number(peer) % parts
+    return part_of(peer, holdings_parts(roster))
+
+
+def part_of(peer: str, parts: int) -> int | None:
+    """``peer``'s part of ``parts`` (``holdings_part``): None for one part."""
+    return None if parts == 1 else _number(peer) % parts
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -401,6 +401,11 @@ def dht_key(run_id: str, what: Table, round_: int | None = None, part: int | Non
     return key if part is None else f"{key}/p{part}"
 
 
+def member_key(run_id: str, peer_id: str) -> str:
+    """The DHT key of one peer's own member record (committee runs: protocol/roster.py)."""
+    return f"gradnode/{run_id}/member/{peer_id}"
+
+
 def majority_hash(hashes: list[WeightHash], moved: Mapping[str, str] | None = None,
                   serving: Collection[str] | None = None) -> tuple[str, int] | None:
     """The weight hash the swarm agrees on (one vote per peer), with its count. ``moved``: peers seen to follow

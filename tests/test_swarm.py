@@ -371,7 +371,8 @@ def test_a_committee_swarm_applies_its_drawn_updates_only_and_ends_on_one_hash(r
     (committee.*): every peer draws the same committee from the state two rounds back, fetches and applies
     the drawn contributor's update and at most the round's newcomer slots from outside the pool, sits the
     other rounds out, and all end on one hash. Only a round's witnesses (its senders, before a pool) publish
-    its weight hash (committee.weighers): at most 3 a round, where every peer wrote 5."""
+    its weight hash (committee.weighers): at most 3 a round, where every peer wrote 5. A member record goes
+    under its writer's own key, and in the member table only while listed (protocol/roster.py)."""
     summary = run_swarm(peers=5, rounds=6, extra=["committee.contributors=1", "committee.witnesses=3",
                                                   "committee.newcomers=1"])
     peers = summary["peers"]
@@ -394,6 +395,9 @@ def test_a_committee_swarm_applies_its_drawn_updates_only_and_ends_on_one_hash(r
     assert pool >= 1, by_round  # a round was drawn from a ledger
     weights = sum(p["records_by_table"].get("weights", {}).get("records_written", 0) for p in peers)
     assert 0 < weights <= 3 * 6, [p["records_by_table"].get("weights") for p in peers]
+    own, listed = (sum(p["records_by_table"].get(t, {}).get("records_written", 0) for p in peers)
+                   for t in ("member", "members"))
+    assert 0 < listed <= own, (own, listed)  # every record under its writer's key, the listed in the table too
     if pool >= 2:  # a key of the pool was left out of a round: it sent nothing (or was too slow to)
         assert sum(p["undrawn"] + p["abstained"] for p in peers) >= 1, explain(summary)
 

@@ -120,6 +120,35 @@ def test_a_replayed_leaving_record_does_not_make_a_peer_leave(trio, monkeypatch:
     assert mc.bad_records.get(b.peer_id, 0) >= 1
 
 
+def test_under_a_committee_a_record_not_listed_is_read_from_its_writers_own_key(trio, monkeypatch) -> None:
+    """Committee runs: a key that is not listed (protocol/roster.py) writes its member record under its own
+    key only. Its records still verify at a reader, and its addresses are found, from that key; a record that
+    another key stores under it names another writer and is dropped. A listed one is in the member table too,
+    and a departure always is."""
+    from gradnode.node.swarm.membership import Membership
+    from gradnode.protocol.records import WeightHash, member_key
+
+    monkeypatch.setattr(transport, "READ_SHARE_S", 0.0)
+    a, b, c = trio
+    ma, mb, mc = (Membership(t, t.identity, "run", ttl=30.0) for t in trio)
+    for m in (ma, mb, mc):
+        m.own_key = True
+    ma.listed = lambda: False
+    common = dict(round_=3, training=True, step_seconds=1.0, inner_steps=10, tokens_per_s=1.0, rejected=0, loss=None)
+    assert ma.publish(**common) and mb.publish(**common)
+    assert set(mc.members(max_age=0)) == {b.peer_id}  # a is not in the member table
+    forged = next(raw for owner, raw in c.get(member_key("run", b.peer_id)) if owner == b.peer_id)
+    assert b.store(member_key("run", a.peer_id), forged, ttl=30)  # b's record under a's key
+    assert mc.public_key(a.peer_id) == a.identity.public_der  # from a's own key, its own subkey only
+    assert mc.sources([a.peer_id]) == [(a.peer_id, list(a.maddrs()[:16]))]
+    assert ma.write("weights", 3, WeightHash(run_id="run", round=3, peer=a.peer_id, param_hash="ab" * 8))
+    assert [w.peer for w in mc.read("weights", 3, WeightHash)] == [a.peer_id]
+    assert ma.publish(leaving=True, **common)
+    mc.members(max_age=0)
+    assert mc.leaving() == {a.peer_id}  # a departure is listed
+    assert mc.bad_records.get(b.peer_id, 0) == 0  # b's copy under a's key was skipped unread, not counted
+
+
 def test_a_peer_gets_a_bounded_number_of_streams_and_pushes(trio, monkeypatch) -> None:
     """Streams held open without reading, and pushes beyond the quota or of another peer's update, are
     refused at once (swarm.max_streams_per_peer, swarm.pushes_per_round), and counted."""

@@ -28,7 +28,7 @@ from typing import Any, Callable
 from gradnode.node.sim import sizes
 from gradnode.node.sim.vpeer import VPeer
 from gradnode.protocol import round as core
-from gradnode.protocol.gossip import holdings_part
+from gradnode.protocol.gossip import holdings_part, holdings_parts, part_of
 
 RETRY_S = 1.0  # a lost transfer is noticed and retried this much later (the transport's timeout and retry)
 POLLS_PER_S = 1 / core.POLL_S  # a peer's polls of the DHT a second (it reads what reached it at each, _read_mail)
@@ -182,8 +182,8 @@ class Network:
         part = holdings_part(q.id, roster)
         if not self.copies.take(digest, self.now):
             # the holders of q's part, on q's roster (each holder's own is a sight of N records to rebuild)
-            reach = [(t, h) for t, h in self.holders[digest] if self.peers[h].alive and self._linked(self.peers[h], q)
-                     and holdings_part(h, roster) == part]
+            reach = [(t, h) for t, h in self._holders_in(digest, roster, part)
+                     if self.peers[h].alive and self._linked(self.peers[h], q)]
             held = [h for t, h in reach if t <= self.now]
             if held:
                 via = held[self.sources.randrange(len(held))]
@@ -198,7 +198,20 @@ class Network:
         t = begin + self._transfer_s(via, q.id, size)
         if p.lie != "withhold":  # nobody holds what its sender never served
             self.holders[digest].append((t, q.id))
+            for parts, index in self.holders_by_part[digest].items():
+                index.setdefault(part_of(q.id, parts), []).append((t, q.id))
         return t, via
+
+    def _holders_in(self, digest: str, roster: int, part: int | None) -> list[tuple[float, str]]:
+        """The holders of ``digest`` under ``part`` of a roster of ``roster`` keys, in the order they came: one list
+        per part, kept as holders come, not a pass over every holder per fetch (N of them, N fetchers a round)."""
+        parts = holdings_parts(roster)
+        index = self.holders_by_part[digest].get(parts)
+        if index is None:
+            index = self.holders_by_part[digest][parts] = {}
+            for t, h in self.holders[digest]:
+                index.setdefault(part_of(h, parts), []).append((t, h))
+        return index.get(part, [])
 
     def _part(self, q: VPeer) -> int | None:
         """The part of a round's holdings q lists its copies under and reads (gossip.holdings_part), on the

@@ -28,7 +28,7 @@ from gradnode.node.sim.content import update_digest
 from gradnode.node.sim.vpeer import TAIL, VPeer
 from gradnode.protocol import chain, committee
 from gradnode.protocol import round as core
-from gradnode.protocol import votes
+from gradnode.protocol import roster, votes
 
 PACE_LIE_S = 3600.0  # the round time a 'stretch' liar's records claim
 FUTURE_ROUNDS = 10**6  # how far past its newest round a 'futurestate' liar's records claim a state (adversary.py)
@@ -53,11 +53,18 @@ class Sight:
             p.offer = (tail, chain_, dict(p.applied), dict(p.ledger), p.reputation, dict(p.pools))
         record = (tail, p.offer, PACE_LIE_S if p.lie == "stretch" else p.step_s * self.sc.inner_steps)
         self._read_members(p)
-        p.records[p.id] = (self.now, *record)
+        listed = self._listed(p)
+        life = self.sc.record_ttl_s
+        p.records[p.id] = (self.now, *record, life)
         p.held += 1
-        p.traffic.records_written += 1 + 2 * bool(hashes)  # with a weight report and a state offer
+        # with a weight report and a state offer; under a committee, its own key's copy too
+        p.traffic.records_written += listed + self.budget.drawn + 2 * bool(hashes)
         for k, h in hashes:
             p.weights[k][p.id] = h
+        if not listed:  # under its own key only: nobody's view counts it (roster.lists)
+            if hashes:
+                self._send_weights(p, hashes)
+            return
 
         sent = self.now
 
@@ -65,13 +72,28 @@ class Sight:
             stamps = q.stamps  # _newest inlined for the record (one per record and reader)
             if stamps.get(p.id, -1.0) < sent:
                 stamps[p.id] = sent
-                q.records[p.id] = (now, *record)
+                q.records[p.id] = (now, *record, life)
                 q.held += 1
             for k, h in hashes:
                 if keeps_newest(q, (p.id, k), sent):
                     q.weights[k][p.id] = h
 
         self._broadcast(p, deliver)
+
+    def _send_weights(self, p: VPeer, hashes: tuple[tuple[int, str], ...]) -> None:
+        """p's weight reports of ``hashes`` reach the others, without its member record."""
+        sent = self.now
+
+        def deliver(q: VPeer, now: float) -> None:
+            for k, h in hashes:
+                if keeps_newest(q, (p.id, k), sent):
+                    q.weights[k][p.id] = h
+
+        self._broadcast(p, deliver)
+
+    def _listed(self, p: VPeer) -> bool:
+        """Whether p's member record goes in the member table now (``roster.listed``, as the node's)."""
+        return roster.listed(p.lists)
 
     def _weighers(self, p: VPeer, r: int) -> frozenset[str] | None:
         """Whose weight hashes of round r count for p, and so who publishes one (``committee.weighers`` of the
@@ -102,7 +124,7 @@ class Sight:
             for q in self.peers.values():
                 def deliver(q: VPeer = q, sid: str = sid) -> None:
                     if q.alive:
-                        q.records[sid] = (self.now, tail, None, self.sc.sybil_pace_s)  # no state offered
+                        q.records[sid] = (self.now, tail, None, self.sc.sybil_pace_s, self.sc.record_ttl_s)  # no state
                         q.held += 1
                         for k, h in tail:
                             q.weights[k][sid] = h
@@ -110,10 +132,10 @@ class Sight:
         if not all(p.done or not p.alive for p in self.peers.values()):
             self.at(self.now + self.heartbeat_s, self._sybil_beat)
 
-    def _fresh(self, p: VPeer, q: str, seen: float) -> bool:
-        """q's record, which reached p at ``seen``, has not expired on p's clock: it expires ``record_ttl_s``
-        after q wrote it, on q's clock (a writer whose clock is behind writes records that expire early)."""
-        return self.now - seen < self.sc.record_ttl_s + self.off.get(q, 0.0) - self.off[p.id]
+    def _fresh(self, p: VPeer, q: str, seen: float, life: float) -> bool:
+        """q's record, which reached p at ``seen``, has not expired on p's clock: it expires ``life`` after q
+        wrote it, on q's clock (a writer whose clock is behind writes records that expire early)."""
+        return self.now - seen < life + self.off.get(q, 0.0) - self.off[p.id]
 
     def _votes(self, p: VPeer) -> Callable[[str], bool]:
         """Whose chain and weight reports count for p (Membership.votes): ``VPeer.voters``; everyone's before it
@@ -150,24 +172,31 @@ class Sight:
         got = p.sight
         if got is not None and got[0] == p.held and self.now < got[1]:
             return got[2], got[3]
-        # _fresh inlined (the same sums): a record expires record_ttl_s after it was written, on its writer's clock
-        now, ttl, off, me = self.now, self.sc.record_ttl_s, self.off, p.id
+        # _fresh inlined (the same sums): a record expires its life after it was written, on its writer's clock
+        now, off, me = self.now, self.off, p.id
         mine = off[me]
-        tails, expires = {}, math.inf
-        for q, (seen, t, _, _) in p.records.items():
+        tails, expires, gone = {}, math.inf, []
+        for q, (seen, t, _, _, ttl) in p.records.items():
             life = ttl + off.get(q, 0.0) - mine
-            if now - seen < life and q != me:
+            if now - seen >= life:
+                gone.append(q)  # expired: only a newer record of q brings it back
+            elif q != me:
                 tails[q] = t
                 if seen + life < expires:
                     expires = seen + life
+        for q in gone:
+            if q != me:
+                del p.records[q]
         rounds = {q: (t[-1][0] + 1 if t else 0, True) for q, t in tails.items()}
         # kept until a nanosecond before the first expiry: the test above is a difference, the expiry a sum
         p.sight = (p.held, expires - 1e-9, tails, rounds)
         return tails, rounds
 
     def _roster(self, p: VPeer) -> int:
-        """The live keys p counts, itself included (the node's ``Membership.roster``)."""
-        return 1 + len(self._sight(p)[0])
+        """The live keys p counts, itself included (the node's ``Membership.roster``): the records in its sight,
+        or under a committee its estimate (``roster.Roster``) on its ledger's size."""
+        seen = 1 + len(self._sight(p)[0])
+        return p.roster.size(len(p.ledger), seen) if self.budget.drawn else seen
 
     def _pace(self, p: VPeer) -> float:
         """p's round time (``round.pace``, which Clock.round_seconds reads too): the lower median of the round

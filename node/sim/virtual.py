@@ -68,6 +68,7 @@ from gradnode.protocol import committee
 from gradnode.protocol import chain
 from gradnode.protocol import peer as peer_core
 from gradnode.protocol import round as core
+from gradnode.protocol import roster
 from gradnode.protocol import sync as sync_rules
 from gradnode.protocol.gossip import CopyBudget, copy_window_s
 from gradnode.protocol.records import FINGERPRINT_BYTES, pack
@@ -99,6 +100,8 @@ class Simulation(Network, Sight, Content, States, Summary):
         self.copies = CopyBudget(sc.own_copies, copy_window_s(sc.params.min_deadline_s))  # the senders' budgets
         # an update's digest -> its copies fetched or being fetched: (when the fetch ends, by whom)
         self.holders: dict[str, list[tuple[float, str]]] = defaultdict(list)
+        # digest -> holdings_parts -> part -> those of them under that part, in the same order (``_holders_in``)
+        self.holders_by_part: dict[str, dict[int, dict[int | None, list[tuple[float, str]]]]] = defaultdict(dict)
         # (round, part of the holdings) -> peers that listed what they hold there
         self.holding_writers: dict[tuple[int, int | None], int] = defaultdict(int)
         self.sources = random.Random(f"{sc.seed}/sources")  # which holder a fetcher turns to
@@ -240,6 +243,7 @@ class Simulation(Network, Sight, Content, States, Summary):
             p.hashes, p.applied, p.ledger, p.reputation, p.pools = {-1: committee.GENESIS}, {}, {}, Reputation(), {}
         p.senders, p.step_s, p.told, p.workers = frozenset(), 0.0, {}, {}  # in memory only (its step time: anew)
         p.records, p.cores, p.newest, p.offer, p.held, p.views = {}, {}, -1, None, p.held + 1, {}
+        p.lists = {}  # it lists its record until it opens a round
         p.records_of, p.announcers_of, p.weights = defaultdict(list), defaultdict(dict), defaultdict(dict)
         p.reports_at = defaultdict(dict)
         # what reaches it from now on it reads (the DHT holds it for the new process); its dead process's own fetches
@@ -476,6 +480,8 @@ class Simulation(Network, Sight, Content, States, Summary):
         c = core.RoundCore(self.sc.params, r, p.id, eligible, sender, p.hashes[r - 1], self._pace(p), self.now,
                            witness=witness, committee=drawn, witnessed=self._witnessed)
         p.cores[r] = c
+        p.lists = {k: v for k, v in p.lists.items() if k >= r - 2}
+        p.lists[r] = roster.lists(p.id, drawn, sender)
         p.newest = max(p.newest, r)
         self._act(p, c, c.step(core.Members(self.now, self._view(p, r))))
         if sender:
@@ -626,6 +632,7 @@ class Simulation(Network, Sight, Content, States, Summary):
         # an update of the set it never verified it fetches now (the aggregate needs it): its bytes count too
         p.traffic.update_bytes_down += len(p.sets[r] - c.verified.keys() - {p.id}) * self.sc.update_bytes
         p.senders = p.sets[r]
+        p.roster.observe(c.committee, c.base, c.newcomers)
         self._note_workers(p, c, r)
         p.counted[r] = self._aggregate(p, r, c.base, fps, pairs)
         # contributors: the senders whose updates counted (the robust rule gives a screened-out one weight 0)

@@ -12,6 +12,7 @@ from gradnode.protocol import chain
 from gradnode.protocol import committee
 from gradnode.protocol import peer as peer_core
 from gradnode.protocol.reputation import Reputation
+from gradnode.protocol.roster import Roster
 from gradnode.protocol.round import Report, RoundCore
 
 TAIL = 4  # rounds of its chain a peer publishes (protocol/chain.py)
@@ -63,6 +64,8 @@ class VPeer:
     ledger: dict[str, int] = field(default_factory=dict)  # contributors: sender -> last round applied (shared state)
     pools: dict[int, frozenset[str]] = field(default_factory=dict)  # round -> its ledger's keys (shared state)
     fetches: dict[int, committee.Fetches] = field(default_factory=dict)  # round -> which updates it fetches
+    lists: dict[int, bool] = field(default_factory=dict)  # round -> it lists its record for it (roster.lists)
+    roster: Roster = field(default_factory=Roster)  # its estimate of the swarm's size (committee runs)
     workers: dict[str, int] = field(default_factory=dict)  # sender -> newest round it verified and screened (memory)
     voters: frozenset[str] | None = None  # whose votes count (Simulation._revote); None: everyone's
     senders: frozenset[str] = frozenset()  # the senders of the last round it applied (whose records set the pace)

@@ -4,6 +4,9 @@ A member record binds a peer id to its RSA public key (the peer id is the hash o
 record cannot claim someone else's id) and carries its addresses, round, speed and counters. Every
 other record (announcements, witness reports, weight hashes, state manifests) is signed by its author and
 verified here against the author's member record before anyone looks at its content.
+
+Under a committee a record goes in the swarm's member table only while protocol/roster.py ``lists`` it,
+and always under its writer's own key, which a reader reads for a key it has not seen listed.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from gradnode.node.swarm.identity import Identity, peer_id_from_public_der, veri
 from gradnode.node.swarm.transport import Transport
 from gradnode.protocol import round as core
 from gradnode.protocol.records import (PROTOCOL_VERSION, Finished, MemberRecord, Record, RecordError, WeightHash,
-                                       dht_key)
+                                       dht_key, member_key)
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +71,12 @@ class Membership:
         self.workers: Callable[[], Iterable[str]] = tuple
         # who votes on hashes and chains: the recent contributors (set by the peer); empty: everyone
         self.voters: Callable[[], frozenset[str]] = frozenset
+        # under a committee (set by the peer): its record under its own key too, in the member table only while
+        # listed (protocol/roster.py), and the roster from the peer's estimate (roster.Roster.size of the count)
+        self.own_key = False
+        self.listed: Callable[[], bool] = lambda: True
+        self.roster_size: Callable[[int], int] = lambda seen: seen
+        self._own: dict[str, tuple[float, MemberRecord | None]] = {}  # peer -> (monotonic read time, its record)
 
     def sign(self, record: R) -> R:
         return record.signed(self.identity.sign(record.signing_bytes()))
@@ -85,7 +94,11 @@ class Membership:
                            time=self.transport.now(), leaving=leaving, reachable=not self.transport.cfg.client_mode,
                            ignoring=sorted(ignoring or [])[:16], chain=list(chain or [])[-8:],
                            admission=self.admission, scores=list(scores or [])[:16])
-        return self.transport.store(dht_key(self.run_id, "members"), self.sign(rec).to_bytes(), self.ttl)
+        raw = self.sign(rec).to_bytes()
+        ok = self.transport.store(member_key(self.run_id, rec.peer_id), raw, self.ttl) if self.own_key else True
+        if self.listed() or leaving:  # a departure is listed: nobody waits for a key that said it left
+            ok = self.transport.store(dht_key(self.run_id, "members"), raw, self.ttl) and ok
+        return ok
 
     def _note_bad(self, who: str, why: str) -> None:
         self.bad_records[who] = self.bad_records.get(who, 0) + 1
@@ -93,8 +106,8 @@ class Membership:
 
     def roster(self, me: str) -> int:
         """The live keys this peer counts, itself included: what the committee's share of newcomers and the
-        holdings' parts are sized on."""
-        return len(self.members().keys() | {me})
+        holdings' parts are sized on. Under a committee, its estimate (``roster_size``)."""
+        return self.roster_size(len(self.members().keys() | {me}))
 
     def members(self, max_age: float = 0.5, fresh: bool = False) -> dict[str, MemberRecord]:
         """Live members by peer id (cached for ``max_age`` seconds); expired and leaving peers dropped.
@@ -109,29 +122,8 @@ class Membership:
             self._revocations_at = time.monotonic()
             self.gate.take_revocations([raw for _, raw in self.transport.get(dht_key(self.run_id, "revocations"))])
         for owner, raw in self.transport.get(dht_key(self.run_id, "members"), fresh=fresh):
-            try:
-                rec = MemberRecord.from_bytes(raw)
-            except RecordError as err:
-                self._note_bad(owner or "?", str(err))
-                continue
-            if owner != rec.peer_id:  # a signed record replayed by another key (an old 'leaving' one, say)
-                self._note_bad(owner or "?", f"record of {rec.peer_id[:12]} stored by another peer")
-                continue
-            if rec.peer_id in self.transport.blocked:  # testing aid: the other side of a simulated partition
-                continue
-            if rec.run_id != self.run_id or peer_id_from_public_der(rec.public_key) != rec.peer_id:
-                self._note_bad(rec.peer_id, "peer id does not match its public key")
-                continue
-            if not verify(rec.public_key, rec.signing_bytes(), rec.signature):
-                self._note_bad(rec.peer_id, "bad member signature")
-                continue
-            why = self.gate.why_not(rec.peer_id, rec.admission)
-            if why is None and rec.protocol_version != PROTOCOL_VERSION:  # its hashes and rules are not ours
-                why = f"protocol version {rec.protocol_version}, this peer speaks {PROTOCOL_VERSION}"
-            if why is not None:  # a permissioned run: not one of us; once in the log, then silently
-                if (rec.peer_id, why) not in self._refused:
-                    self._refused.add((rec.peer_id, why))
-                    log.warning("member ignored peer=%s reason=%s", rec.peer_id[:12], why)
+            rec = self._valid(owner, raw)
+            if rec is None:
                 continue
             if rec.leaving and now - rec.time <= self.ttl:  # an old departure says nothing about now
                 leaving.add(rec.peer_id)
@@ -142,7 +134,8 @@ class Membership:
         mono = time.monotonic()
         with self._lock:
             if not self.gate.open:  # keys of peers no longer admitted (revoked, expired) verify nothing more
-                self._admitted = frozenset(found) | leaving | {self.identity.peer_id}
+                self._admitted = frozenset(found) | leaving | {self.identity.peer_id} | \
+                    {p for p, (_, rec) in self._own.items() if rec is not None and not rec.leaving}  # own key's record
                 for pid in [p for p in self._keys if p not in self._admitted]:
                     del self._keys[pid]
             for pid, rec in found.items():
@@ -153,6 +146,62 @@ class Membership:
             self._leaving = leaving
             self._read_at = mono
         return dict(found)
+
+    def _valid(self, owner: str | None, raw: bytes) -> MemberRecord | None:
+        """A member record stored by ``owner`` if it is well formed, its own, signed and admitted; else None,
+        counted as bad (a stranger to a permissioned run is logged once)."""
+        try:
+            rec = MemberRecord.from_bytes(raw)
+        except RecordError as err:
+            self._note_bad(owner or "?", str(err))
+            return None
+        if owner != rec.peer_id:  # a signed record replayed by another key (an old 'leaving' one, say)
+            self._note_bad(owner or "?", f"record of {rec.peer_id[:12]} stored by another peer")
+            return None
+        if rec.peer_id in self.transport.blocked:  # testing aid: the other side of a simulated partition
+            return None
+        if rec.run_id != self.run_id or peer_id_from_public_der(rec.public_key) != rec.peer_id:
+            self._note_bad(rec.peer_id, "peer id does not match its public key")
+            return None
+        if not verify(rec.public_key, rec.signing_bytes(), rec.signature):
+            self._note_bad(rec.peer_id, "bad member signature")
+            return None
+        why = self.gate.why_not(rec.peer_id, rec.admission)
+        if why is None and rec.protocol_version != PROTOCOL_VERSION:  # its hashes and rules are not ours
+            why = f"protocol version {rec.protocol_version}, this peer speaks {PROTOCOL_VERSION}"
+        if why is not None:  # a permissioned run: not one of us; once in the log, then silently
+            if (rec.peer_id, why) not in self._refused:
+                self._refused.add((rec.peer_id, why))
+                log.warning("member ignored peer=%s reason=%s", rec.peer_id[:12], why)
+            return None
+        return rec
+
+    def own_record(self, peer_id: str, max_age: float = ADDRESS_AGE_S) -> MemberRecord | None:
+        """``peer_id``'s newest valid record under its own key (committee runs; None in others, or when it has
+        none), live or not: for a key not listed in the member table, whose key verifies its records (a
+        departed peer's last ones too) and whose live record gives its addresses. Read at most every
+        ``max_age`` seconds for one key."""
+        if not self.own_key:
+            return None
+        mono = time.monotonic()
+        with self._lock:
+            got = self._own.get(peer_id)
+        if got is not None and mono - got[0] < max_age:
+            return got[1]
+        found = None
+        for owner, raw in self.transport.get(member_key(self.run_id, peer_id)):
+            if owner != peer_id:  # anyone may store a subkey under another's key: only its own counts
+                continue
+            found = self._valid(owner, raw) or found
+        with self._lock:
+            if len(self._own) > 4096:  # keys read once and never again (fetch sources of old rounds)
+                self._own = {p: v for p, v in self._own.items() if mono - v[0] < self.fresh_s}
+            self._own[peer_id] = (mono, found)
+            if found is not None:  # _valid checked its admission
+                self._keys[peer_id] = found.public_key
+                if not self.gate.open and not found.leaving:
+                    self._admitted |= {peer_id}
+        return found
 
     def fresh(self, max_age: float = 0.5) -> dict[str, MemberRecord]:
         """Members whose record changed within the last three heartbeats, as this peer saw it (this peer's
@@ -177,7 +226,10 @@ class Membership:
     def public_key(self, peer_id: str) -> bytes | None:
         with self._lock:
             key = self._keys.get(peer_id)
-        if key is None:  # a member new to us, or a stranger: read the list again (permissioned: once a second)
+        if key is None and self.own_key:  # a key not listed (or not yet): its own key's record
+            rec = self.own_record(peer_id)
+            key = rec.public_key if rec is not None else None
+        elif key is None:  # a member new to us, or a stranger: read the list again (permissioned: once a second)
             self.members(max_age=0.0 if self.gate.open else 1.0, fresh=self.gate.open)
             with self._lock:
                 key = self._keys.get(peer_id)
@@ -271,5 +323,11 @@ class Membership:
         change rarely, and every pass of every fetch asks: read from a list up to ``ADDRESS_AGE_S`` old (at the
         default 0.5 s, fetches made 38% of the member-list reads of an 8-peer swarm)."""
         members = self.members(max_age=ADDRESS_AGE_S)
-        return [(p, list(members[p].maddrs) if p in members else []) for p in peer_ids
-                if p not in members or members[p].reachable]
+        out, now = [], self.transport.now()
+        for p in peer_ids:
+            m = members.get(p) or self.own_record(p)
+            if m is not None and (m.leaving or now - m.time > self.ttl):
+                m = None  # gone: no address to dial
+            if m is None or m.reachable:
+                out.append((p, list(m.maddrs) if m is not None else []))
+        return out

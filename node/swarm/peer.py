@@ -53,6 +53,7 @@ from gradnode.node.swarm.sync import Sync
 from gradnode.node.swarm.transport import Transport, TransportError
 from gradnode.protocol import peer as peer_core
 from gradnode.protocol import committee as committee_rule
+from gradnode.protocol import roster as roster_rule
 from gradnode.protocol.committee import Committee
 from gradnode.protocol import skew
 from gradnode.protocol import sync as sync_rules
@@ -130,6 +131,8 @@ class Peer:
         self.saved_round = -1
         self.book = AddressBook(cfg.run.output_dir / "addressbook.json", self.identity.peer_id)
         self.chains = health.ChainView()  # the chains among the live trainers, as last looked at
+        self.roster = roster_rule.Roster()  # the swarm's size under a committee, from the newcomers' tickets
+        self._lists: dict[int, bool] = {}  # round -> its record is listed for it (roster.lists)
         self.gauges = Gauges(role=Role.SERVE if self.sw.serve_only else Role.TRAIN, tally=self.tally,
                              rejected=self.rejections.by_sender,
                              traffic=lambda: (self.transport.bytes_up, self.transport.bytes_down))
@@ -181,6 +184,10 @@ class Peer:
         self.transport.admits = self.membership.admitted
         self.membership.workers = lambda: self.history.senders  # whose records set the pace (round.view_of: counted)
         self.membership.voters = self._voters  # whose reports and chains count (Membership.votes)
+        if self.cfg.committee.budget().drawn:  # listed only while drawn or announcing (protocol/roster.py)
+            self.membership.own_key = True
+            self.membership.listed = self._listed
+            self.membership.roster_size = self._roster_size
         self.equivocators = Equivocators(self.membership, self.cfg.run.run_id, self.cfg.run.output_dir / "banned.json")
         self.rejections.banned = self.equivocators.peers  # ignored for good: caught equivocating
         self.equivocators.watch(self.stop)
@@ -512,6 +519,9 @@ class Peer:
         witness = committee_rule.reports(self.identity.peer_id, drawn, sends=blob is not None, observes=observes)
         if drawn is not None and drawn.pool:  # its drawn witnesses, and none of the others
             eligible = sorted(drawn.witnesses)
+        lists = {k: v for k, v in self._lists.items() if k >= round_ - 2}
+        lists[round_] = roster_rule.lists(self.identity.peer_id, drawn, announces=blob is not None)
+        self._lists = lists  # a new dict: the chores thread reads the old one (``_listed``)
         # a report is final: back from a restart within a round it reported on, a peer does not report again
         witness = witness and self.own_reports.first(round_, base)
         ex = RoundExchange(transport=self.transport, membership=self.membership, cfg=self.sw,
@@ -644,6 +654,7 @@ class Peer:
                    for s in outcome.senders)
         self.history.record(ex.round, self.engine.state_hash(), included, size,
                             committee_rule.weighers(ex.committee, outcome.senders))
+        self.roster.observe(ex.committee, ex.agreement.base, ex.agreement.core.newcomers)
         t = self.tally
         if outcome.own_included:
             t.contributed += 1
@@ -949,6 +960,15 @@ class Peer:
                 if running:
                     self._sync_state(self.core.resync(Reason.CATCH_UP, self.engine.round))  # the swarm may be ahead
             self.stop.wait(1.0)
+
+    def _listed(self) -> bool:
+        """Whether this peer's member record goes in the member table now (protocol/roster.py ``listed``)."""
+        return roster_rule.listed(self._lists)
+
+    def _roster_size(self, seen: int) -> int:
+        """The swarm's size under a committee (roster.Roster): the contributors ledger plus the keys outside it
+        that the newcomers' tickets say compute; ``seen`` while no estimate exists."""
+        return self.roster.size(len(self.engine.contributors) if self.engine is not None else None, seen)
 
     def _publish_member(self, training: bool, leaving: bool = False) -> None:
         eng = self.engine

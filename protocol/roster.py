@@ -9,6 +9,7 @@ announce in it only. So only their records go in the member table:
   decides, while it announces as a newcomer, and before it opened a round (a joiner, or a run's start).
 - Every key also writes its record under a key of its own. A reader reads that one only to verify a record
   of a key it has not seen listed, or to dial it.
+- Votes count from the keys a reader drew for its last rounds only (``sampled``): listing is a claim.
 
 The member table then holds about ``contributors + witnesses + ANNOUNCE_MARGIN * newcomers`` records for
 each round its records live, at any number of peers.
@@ -26,6 +27,7 @@ from gradnode.protocol.committee import Committee, Role, seed, ticket
 
 ROSTER_ROUNDS = 8  # the rounds of newcomer tickets the roster's size is estimated from (``Roster``)
 ROSTER_RANK = 4  # the rank of the ticket that estimates a round's outsiders (``outsiders``)
+VOTE_ROUNDS = 4  # the rounds whose drawn keys vote (``sampled``): about those whose records are in the table
 
 
 def lists(key: str, drawn: Committee | None, announces: bool) -> bool:
@@ -43,6 +45,19 @@ def listed(lists: Mapping[int, bool]) -> bool:
         return True
     newest = max(lists)
     return lists[newest] or lists.get(newest - 1, False)
+
+
+def sampled(voters: frozenset[str], committees: Iterable[Committee | None], senders: Iterable[str]) -> frozenset[str]:
+    """Whose votes count (chains, weight reports, who holds a round open) under a committee: of ``voters``
+    (protocol/votes.py), the keys drawn to contribute or witness in ``committees`` (the reader's last few
+    rounds, drawn from its own chain) and the last round's ``senders``. Any key may list its record: an
+    attacker's ledger keys, all listed, would outnumber the honest few listed in a round, where among the
+    drawn they hold their share of the pool. ``voters`` as they are when no committee has a pool."""
+    drawn = [c for c in committees if c is not None and c.pool]
+    if not voters or not drawn:
+        return voters
+    keys = set(senders).union(*(c.contributors | c.witnesses for c in drawn))
+    return voters & keys or voters
 
 
 def outsiders(committee: Committee, base: str, announced: Iterable[str]) -> float | None:

@@ -49,6 +49,7 @@ from gradnode.protocol.records import pack, unpack
 
 POLL_S = 0.2  # the shell's poll of the DHT while deciding: a grace period ends one poll late at most
 ASK_S = 5.0  # the longest an ask of the missing witnesses waits (a window, if shorter)
+GONE_WAITS = 2  # past this many max_wait_s a drawn round takes every gone witness as listing nothing
 
 
 @dataclass(frozen=True)
@@ -349,6 +350,7 @@ class RoundCore:
     committee: committee_rule.Committee | None = None
     newcomers: dict[str, float] = field(default_factory=dict)  # newcomers seen -> first sighting (committee)
     gone_out: bool = False  # a drawn round past max_wait_s: the missing reports of witnesses gone list nothing
+    long_gone: bool = False  # past GONE_WAITS times max_wait_s: those of witnesses once seen on the base too
     based: set[str] = field(default_factory=set)  # every key a view showed holding this round's base (View.based)
     _ranking: committee_rule.Ranking | None = field(default=None, repr=False, compare=False)
     # the witness rule (protocol/witness.py); the simulator passes one that remembers its counts, as every peer of
@@ -637,7 +639,7 @@ class RoundCore:
         """A drawn committee's set can no longer change: every update that a strict majority of its witnesses
         lists is in, and every other one could not reach that count with all the reports still missing (the
         set ``count`` gives, by the committee's majority)."""
-        return self._remembered("settled", self._settled_now, self.gone_out)
+        return self._remembered("settled", self._settled_now, self.gone_out, self.long_gone)
 
     def _settled_now(self) -> bool:
         counted = self._counted()
@@ -649,9 +651,11 @@ class RoundCore:
         # view showed holding this round's base lists nothing: it never held the state a counted report is made
         # on. A majority of the witnesses reported (``counted``), so a side of a split that holds fewer still
         # decides nothing. One seen on the base may have reported to others: an 8|8 split saw a peer count two
-        # of them and settle on 9 updates, and its side settle on 7 once their records expired
-        gone = (lambda w: (w in self.view.leaving or w not in self.view.present) and w not in self.based) \
-            if self.gone_out else (lambda w: False)
+        # of them and settle on 9 updates, and its side settle on 7 once their records expired. It is waited
+        # for until GONE_WAITS times max_wait_s: one killed before it reported would hold the round for good
+        # (a split lasting longer can still apply a round two ways on one side: docs/design/scale.md)
+        gone = (lambda w: (w in self.view.leaving or w not in self.view.present)
+                and (self.long_gone or w not in self.based)) if self.gone_out else (lambda w: False)
         missing = sum(1 for w in witnesses if w not in self.reports and w not in self.banned and not gone(w))
         return _fixed(counted, need, missing)
 
@@ -666,6 +670,8 @@ class RoundCore:
             # a witness stopped or killed is drawn for up to 64 rounds more: when the honest reports differ on one
             # update, its missing report held the round open for good (a 16-peer run with a stop stalled)
             self.gone_out = True
+        if now >= self.reported_at + GONE_WAITS * self.params.max_wait_s:
+            self.long_gone = True
         waiting = set(self.eligible) - set(self.reports) - {self.me}
         if self._settled():
             return self._end(HowDecided.ALL_REPORTED if not waiting else HowDecided.SETTLED)
@@ -786,6 +792,7 @@ class RoundCore:
         if self.phase is Phase.DECIDING:  # the next moment a rule can change its mind: never now (no busy loop)
             grace_end = self._grace_end()
             times = [self.reported_at + self.params.max_wait_s, grace_end, grace_end + self.window,
-                     self.asked_at + self.window, self.ask_until]
+                     self.asked_at + self.window, self.ask_until,
+                     self.reported_at + GONE_WAITS * self.params.max_wait_s]
             return min((t for t in times if t > now), default=now + POLL_S)
         return None

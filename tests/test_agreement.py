@@ -293,3 +293,18 @@ def test_a_witness_that_rewrites_its_report_is_caught_and_no_longer_counted(trio
     gb6.report(both)
     ga6.reports()
     assert b.peer_id in ea6
+
+
+def test_a_witness_that_leaves_before_it_reports_says_it_abstains(trio) -> None:
+    """A witness that announced its departure reports nothing more; one that had not reported says so once,
+    with an abstaining report: else a drawn round whose other reports differ on one update waits for it to
+    twice max_wait_s (round.GONE_WAITS), as the others saw it on the round's base."""
+    a, b, c = trio
+    ma, mb, _ = _members((a, b, c))
+    g = _agreement(ma, a.peer_id, [a.peer_id, b.peer_id, c.peer_id], witness=True)
+    g.leaving.set()
+    g.poll(time.monotonic())
+    g.poll(time.monotonic())
+    got = mb.read("reports", 5, Report)
+    assert [(r.witness, r.abstain) for r in got] == [(a.peer_id, True)], got
+    assert not g.core.witness

@@ -97,3 +97,18 @@ def test_a_committee_swarm_reads_about_as_many_member_records_at_128_peers_as_at
     assert members(128) <= 1.3 * members(32)
     monkeypatch.setattr(roster, "lists", lambda key, drawn, announces: True)
     assert members(128) > 2 * members(32)
+
+
+def test_under_a_committee_only_the_keys_drawn_for_the_last_rounds_vote() -> None:
+    """Listing is a claim: an attacker's ledger keys may all list their records, and outnumber the few
+    honest keys listed in a round. Votes so count from the keys the reader drew for its last rounds and
+    the last round's senders, where the attacker holds its share of the pool."""
+    pool = frozenset(f"k{i:03d}" for i in range(200))
+    rounds = [cm.draw(cm.Budget(8, 16, 2), r, f"h{r}", pool) for r in range(roster.VOTE_ROUNDS)]
+    drawn = set().union(*(c.contributors | c.witnesses for c in rounds))
+    got = roster.sampled(pool, rounds, ["newcomer", "k199"])
+    assert got == (drawn | {"k199"}) & pool and len(got) < len(pool) // 2
+    assert roster.sampled(pool, [None], ["x"]) == pool  # no committee: every voter
+    first = cm.draw(cm.Budget(8, 16, 2), 0, cm.GENESIS, frozenset())
+    assert roster.sampled(pool, [first], []) == pool  # no pool to draw from yet
+    assert roster.sampled(frozenset(), rounds, []) == frozenset()  # before any round: everyone (votes.voters)

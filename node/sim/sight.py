@@ -150,7 +150,10 @@ class Sight:
         elif self.sc.votes == "ledger":
             p.voters = frozenset(p.ledger)
         else:
-            p.voters = votes.voters(p.ledger, p.workers, max(p.hashes), p.reputation.banned())
+            found = votes.voters(p.ledger, p.workers, max(p.hashes), p.reputation.banned())
+            top = max(p.hashes) + 1  # the round it computes or decides: its last rounds' committees, as the node's
+            recent = [c.committee for k, c in p.cores.items() if top - roster.VOTE_ROUNDS < k <= top]
+            p.voters = roster.sampled(found, recent, p.senders)
 
     def _tails(self, p: VPeer, with_me: bool = True, voting: bool = True) -> dict[str, tuple[chain.Link, ...]]:
         """The tails of the member records in p's sight (seen within the records' ttl), its own included; with

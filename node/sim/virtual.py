@@ -231,6 +231,11 @@ class Simulation(Network, Sight, Content, States, Summary):
                             q.held += 1
 
                     self._broadcast(p, gone)
+                    for k, c in p.cores.items():  # and it abstains from the rounds it witnesses unreported
+                        if c.phase is not core.Phase.DECIDED and c.witness and p.id not in c.reports:
+                            left = core.Report(p.id, "", abstain=True)
+                            self._broadcast(p, lambda q, now, k=k, left=left:
+                                            self._deliver(q, k, core.ReportSeen(now, left)))
             elif action in ("restart", "join") and not p.alive:
                 self._start(p, fresh=action == "join")
 
@@ -480,8 +485,10 @@ class Simulation(Network, Sight, Content, States, Summary):
         c = core.RoundCore(self.sc.params, r, p.id, eligible, sender, p.hashes[r - 1], self._pace(p), self.now,
                            witness=witness, committee=drawn, witnessed=self._witnessed)
         p.cores[r] = c
-        p.lists = {k: v for k, v in p.lists.items() if k >= r - 2}
+        p.lists = {k: v for k, v in p.lists.items() if r - 2 <= k < r}  # not past it (a re-sync back)
         p.lists[r] = roster.lists(p.id, drawn, sender)
+        if self.budget.drawn:
+            self._revote(p)  # its recent committees changed: whose votes count (roster.sampled)
         p.newest = max(p.newest, r)
         self._act(p, c, c.step(core.Members(self.now, self._view(p, r))))
         if sender:

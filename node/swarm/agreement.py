@@ -110,6 +110,8 @@ class Agreement:
         """One turn: what the member records say now (first: the core must never judge a round on an empty view),
         the exchange's ``events``, this round's reports as they stand, then the time; True once decided."""
         if self.leaving.is_set():
+            if self.core.witness and self.me not in self.core.reports:  # a drawn witness says it reports nothing:
+                abstain(self.members, self.run_id, self.round, self.me)  # else it held the round to GONE_WAITS
             self.core.stop_reporting()  # the others stopped waiting for us: nothing of ours to count
         if self._asking is not None and self._asking.done():  # what the ask brought, before this poll's reads
             asked, self._asking = self._asking, None

@@ -96,7 +96,9 @@ class Membership:
                            admission=self.admission, scores=list(scores or [])[:16])
         raw = self.sign(rec).to_bytes()
         ok = self.transport.store(member_key(self.run_id, rec.peer_id), raw, self.ttl) if self.own_key else True
-        if self.listed() or leaving:  # a departure is listed: nobody waits for a key that said it left
+        # a departure is listed: nobody waits for a key that said it left. A permissioned run lists every
+        # record: a server admits a peer's streams by the records it read (``admitted`` never reads)
+        if self.listed() or leaving or not self.gate.open:
             ok = self.transport.store(dht_key(self.run_id, "members"), raw, self.ttl) and ok
         return ok
 

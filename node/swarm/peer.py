@@ -54,6 +54,7 @@ from gradnode.node.swarm.transport import Transport, TransportError
 from gradnode.protocol import peer as peer_core
 from gradnode.protocol import committee as committee_rule
 from gradnode.protocol import roster as roster_rule
+from gradnode.protocol.roster import VOTE_ROUNDS
 from gradnode.protocol.committee import Committee
 from gradnode.protocol import skew
 from gradnode.protocol import sync as sync_rules
@@ -133,6 +134,7 @@ class Peer:
         self.chains = health.ChainView()  # the chains among the live trainers, as last looked at
         self.roster = roster_rule.Roster()  # the swarm's size under a committee, from the newcomers' tickets
         self._lists: dict[int, bool] = {}  # round -> its record is listed for it (roster.lists)
+        self._committees: dict[int, Committee | None] = {}  # the last rounds' committees (roster.sampled)
         self.gauges = Gauges(role=Role.SERVE if self.sw.serve_only else Role.TRAIN, tally=self.tally,
                              rejected=self.rejections.by_sender,
                              traffic=lambda: (self.transport.bytes_up, self.transport.bytes_down))
@@ -519,9 +521,11 @@ class Peer:
         witness = committee_rule.reports(self.identity.peer_id, drawn, sends=blob is not None, observes=observes)
         if drawn is not None and drawn.pool:  # its drawn witnesses, and none of the others
             eligible = sorted(drawn.witnesses)
-        lists = {k: v for k, v in self._lists.items() if k >= round_ - 2}
+        lists = {k: v for k, v in self._lists.items() if round_ - 2 <= k < round_}  # not past it (a re-sync back)
         lists[round_] = roster_rule.lists(self.identity.peer_id, drawn, announces=blob is not None)
         self._lists = lists  # a new dict: the chores thread reads the old one (``_listed``)
+        self._committees = {**{k: c for k, c in self._committees.items() if round_ - VOTE_ROUNDS < k < round_},
+                            round_: drawn}  # whose votes count (``_voters``)
         # a report is final: back from a restart within a round it reported on, a peer does not report again
         witness = witness and self.own_reports.first(round_, base)
         ex = RoundExchange(transport=self.transport, membership=self.membership, cfg=self.sw,
@@ -569,7 +573,8 @@ class Peer:
         record counts."""
         if self.engine is None:
             return frozenset()
-        return votes.voters(self.engine.contributors, self.workers, self.engine.round - 1, self._banned())
+        found = votes.voters(self.engine.contributors, self.workers, self.engine.round - 1, self._banned())
+        return roster_rule.sampled(found, self._committees.values(), self.history.senders)
 
     def _banned(self) -> list[str]:
         """Keys the reputation table banned, and those caught equivocating."""

@@ -648,8 +648,7 @@ def test_a_peer_off_the_majority_looks_for_the_chain_the_others_follow_not_its_o
     p.hashes = {-1: "genesis", **dict(chains["A"])}
     for q, name in (("p0001", "A"), ("p0002", "B"), ("p0003", "B"), ("p0004", "B")):
         tail = chains[name]
-        offer = (tail, {-1: "genesis", **dict(tail)}, {0: b"", 1: b""}, {}, Reputation(), {})
-        p.records[q] = (0.0, tail, offer, 2.0, sim.sc.record_ttl_s)
+        p.records[q] = (0.0, tail, (tail, {-1: "genesis", **dict(tail)}, {0: b"", 1: b""}, {}, Reputation(), {}), 2.0)
     sim.clogged = {frozenset(("p0000", q)) for q in ("p0002", "p0003", "p0004")}
     sim._resync(p, 1, _repair(p))
     assert p.hashes[1] == "a1" and sim.no_offer == 1  # B's offers out of reach: it looks again later
@@ -677,7 +676,7 @@ def test_a_donor_is_known_by_its_record_only_and_one_out_of_reach_costs_a_timeou
         p = sim.peers["p0000"]
         for q, tail in (("p0001", new), ("p0002", new), ("p0003", old)):
             state = (tail, {-1: "genesis", **dict(tail)}, {k: b"" for k, _ in tail}, {}, Reputation(), {})
-            p.records[q] = (0.0, tail, state, 2.0, sim.sc.record_ttl_s)
+            p.records[q] = (0.0, tail, state, 2.0)
         return sim, p
 
     sim, p = looking()
@@ -723,13 +722,12 @@ def test_the_simulators_hash_check_is_the_nodes_allies_count_and_a_mismatch_take
     a, f = ((10, "a10"), (11, "a11"), (12, "a12")), ((10, "f10"), (11, "f11"), (12, "f12"))
     me.hashes.update(a)
     for q, tail, reported in (("p0000", f, "f11"), ("p0001", a, "f11"), ("p0002", a, "a11")):
-        me.records[q] = (0.0, tail, None, 2.0, sim.sc.record_ttl_s)
+        me.records[q] = (0.0, tail, None, 2.0)
         me.weights[11][q] = reported
     me.weights[11]["p0003"] = "a11"
     got = sim._read_check(me, 11)
     assert peer_core.off_majority(got.reports, got.mine, got.chains, 11, me.id) is None  # 'a11' wins
-    # still on the 'f' chain: its report counts as it stands, and wins
-    me.records["p0001"] = (0.0, f, None, 2.0, sim.sc.record_ttl_s)
+    me.records["p0001"] = (0.0, f, None, 2.0)  # still on the 'f' chain: its report counts as it stands, and wins
     me.held += 1  # a record changed (what p's sight is kept by)
     got = sim._read_check(me, 11)
     assert peer_core.off_majority(got.reports, got.mine, got.chains, 11, me.id) == "f11"
@@ -740,8 +738,7 @@ def test_the_simulators_hash_check_is_the_nodes_allies_count_and_a_mismatch_take
     p.hashes.update({0: "b0", 1: "x1"})
     old = ((0, "b0"),)
     for q in ("p0001", "p0002", "p0003"):
-        offer = (old, {-1: "genesis", 0: "b0"}, {0: b""}, {}, Reputation(), {})
-        p.records[q] = (0.0, old, offer, 2.0, sim.sc.record_ttl_s)
+        p.records[q] = (0.0, old, (old, {-1: "genesis", 0: "b0"}, {0: b""}, {}, Reputation(), {}), 2.0)
     sim._resync(p, 1, _repair(p))
     assert p.resyncs == 0 and sim.no_offer == 1  # it reads the offers again until round 1's state is offered
     sim._resync(p, 1, _fork(sim, p, ("p0001", "p0002", "p0003")))

@@ -54,8 +54,7 @@ class Sight:
         record = (tail, p.offer, PACE_LIE_S if p.lie == "stretch" else p.step_s * self.sc.inner_steps)
         self._read_members(p)
         listed = self._listed(p)
-        life = self.sc.record_ttl_s
-        p.records[p.id] = (self.now, *record, life)
+        p.records[p.id] = (self.now, *record)
         p.held += 1
         # with a weight report and a state offer; under a committee, its own key's copy too
         p.traffic.records_written += listed + self.budget.drawn + 2 * bool(hashes)
@@ -72,7 +71,7 @@ class Sight:
             stamps = q.stamps  # _newest inlined for the record (one per record and reader)
             if stamps.get(p.id, -1.0) < sent:
                 stamps[p.id] = sent
-                q.records[p.id] = (now, *record, life)
+                q.records[p.id] = (now, *record)
                 q.held += 1
             for k, h in hashes:
                 if keeps_newest(q, (p.id, k), sent):
@@ -124,7 +123,7 @@ class Sight:
             for q in self.peers.values():
                 def deliver(q: VPeer = q, sid: str = sid) -> None:
                     if q.alive:
-                        q.records[sid] = (self.now, tail, None, self.sc.sybil_pace_s, self.sc.record_ttl_s)  # no state
+                        q.records[sid] = (self.now, tail, None, self.sc.sybil_pace_s)  # no state offered
                         q.held += 1
                         for k, h in tail:
                             q.weights[k][sid] = h
@@ -132,10 +131,10 @@ class Sight:
         if not all(p.done or not p.alive for p in self.peers.values()):
             self.at(self.now + self.heartbeat_s, self._sybil_beat)
 
-    def _fresh(self, p: VPeer, q: str, seen: float, life: float) -> bool:
-        """q's record, which reached p at ``seen``, has not expired on p's clock: it expires ``life`` after q
-        wrote it, on q's clock (a writer whose clock is behind writes records that expire early)."""
-        return self.now - seen < life + self.off.get(q, 0.0) - self.off[p.id]
+    def _fresh(self, p: VPeer, q: str, seen: float) -> bool:
+        """q's record, which reached p at ``seen``, has not expired on p's clock: it expires ``record_ttl_s``
+        after q wrote it, on q's clock (a writer whose clock is behind writes records that expire early)."""
+        return self.now - seen < self.sc.record_ttl_s + self.off.get(q, 0.0) - self.off[p.id]
 
     def _votes(self, p: VPeer) -> Callable[[str], bool]:
         """Whose chain and weight reports count for p (Membership.votes): ``VPeer.voters``; everyone's before it
@@ -175,11 +174,11 @@ class Sight:
         got = p.sight
         if got is not None and got[0] == p.held and self.now < got[1]:
             return got[2], got[3]
-        # _fresh inlined (the same sums): a record expires its life after it was written, on its writer's clock
-        now, off, me = self.now, self.off, p.id
+        # _fresh inlined (the same sums): a record expires record_ttl_s after it was written, on its writer's clock
+        now, ttl, off, me = self.now, self.sc.record_ttl_s, self.off, p.id
         mine = off[me]
         tails, expires, gone = {}, math.inf, []
-        for q, (seen, t, _, _, ttl) in p.records.items():
+        for q, (seen, t, _, _) in p.records.items():
             life = ttl + off.get(q, 0.0) - mine
             if now - seen >= life:
                 gone.append(q)  # expired: only a newer record of q brings it back

@@ -47,8 +47,8 @@ class States:
         reachable id's (every donor of one round on one chain offers the same state)."""
         if links is None:
             links = chain.adoptable(self._tails(p, with_me=False))
-        offers = [Offer(q, t[-1][0] + 1, t[-1][1], offer) for q, (seen, t, offer, _, life) in p.records.items()
-                  if q != p.id and t and offer is not None and self._fresh(p, q, seen, life) and t[-1][0] > after]
+        offers = [Offer(q, t[-1][0] + 1, t[-1][1], offer) for q, (seen, t, offer, _) in p.records.items()
+                  if q != p.id and t and offer is not None and self._fresh(p, q, seen) and t[-1][0] > after]
         # none claiming a round more than RECORD_LAG past every other voting trainer's record (statesync.beyond_reach:
         # the records' rounds of the voters in sight that published a tail; an offer's hash only matches itself)
         votes = self._votes(p)

@@ -163,16 +163,23 @@ def view_of(records: Mapping[str, tuple[int, bool]], me: str, round_: int, *, an
     would otherwise keep every deadline from starting)."""
     here, workers = set(announced), set(workers)
     anyone = not workers
-    training = frozenset({p for p, (_, t) in records.items() if t})
-    trainers = frozenset({p for p, (r, t) in records.items() if t and p != me
-                          and (r >= round_ - 1 or anyone or p in workers) and (r < round_ + 2 or p in here)})
-    counted = trainers & (workers | here) if workers else trainers
-    return View(trainers=trainers, counted=counted, leaving=frozenset(leaving),
-                present=frozenset({p for p, (r, _) in records.items() if r >= round_ - 4}),
-                live=training, ahead=frozenset({p for p, (r, t) in records.items() if t and r >= round_ + 2}),
-                voting=training & set(voters) if voters else training, banned=frozenset(banned),
-                fresh=anyone and round_ == 0,
-                based=frozenset({p for p, (r, _) in records.items() if round_ <= r <= round_ + 1}))
+    training, trainers, present, ahead, based = set(), set(), set(), set(), set()
+    for p, (r, t) in records.items():  # one pass: every poll of a computing peer makes a view
+        if r >= round_ - 4:
+            present.add(p)
+            if round_ <= r <= round_ + 1:
+                based.add(p)
+        if t:
+            training.add(p)
+            if r >= round_ + 2:
+                ahead.add(p)
+            if p != me and (r >= round_ - 1 or anyone or p in workers) and (r < round_ + 2 or p in here):
+                trainers.add(p)
+    live, keeping_up = frozenset(training), frozenset(trainers)
+    return View(trainers=keeping_up, counted=keeping_up & (workers | here) if workers else keeping_up,
+                leaving=frozenset(leaving), present=frozenset(present), live=live, ahead=frozenset(ahead),
+                voting=live & set(voters) if voters else live, banned=frozenset(banned),
+                fresh=anyone and round_ == 0, based=frozenset(based))
 
 
 def pace(times: Mapping[str, float], counted: Collection[str], own: float) -> float:

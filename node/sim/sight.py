@@ -54,8 +54,7 @@ class Sight:
         record = (tail, p.offer, PACE_LIE_S if p.lie == "stretch" else p.step_s * self.sc.inner_steps)
         self._read_members(p)
         listed = self._listed(p)
-        p.records[p.id] = (self.now, *record)
-        p.held += 1
+        p.hold(p.id, (self.now, *record))
         # with a weight report and a state offer; under a committee, its own key's copy too
         p.traffic.records_written += listed + self.budget.drawn + 2 * bool(hashes)
         for k, h in hashes:
@@ -71,8 +70,7 @@ class Sight:
             stamps = q.stamps  # _newest inlined for the record (one per record and reader)
             if stamps.get(p.id, -1.0) < sent:
                 stamps[p.id] = sent
-                q.records[p.id] = (now, *record)
-                q.held += 1
+                q.hold(p.id, (now, *record))
             for k, h in hashes:
                 if keeps_newest(q, (p.id, k), sent):
                     q.weights[k][p.id] = h
@@ -123,8 +121,7 @@ class Sight:
             for q in self.peers.values():
                 def deliver(q: VPeer = q, sid: str = sid) -> None:
                     if q.alive:
-                        q.records[sid] = (self.now, tail, None, self.sc.sybil_pace_s)  # no state offered
-                        q.held += 1
+                        q.hold(sid, (self.now, tail, None, self.sc.sybil_pace_s))  # no state offered
                         for k, h in tail:
                             q.weights[k][sid] = h
                 self.at(self.now + self._delay(), deliver)
@@ -160,20 +157,48 @@ class Sight:
         out = self._sight(p)[0]
         if voting and p.voters is not None:
             out = {q: t for q, t in out.items() if q in p.voters}
-        elif with_me:
-            out = dict(out)
+        else:
+            out = dict(out)  # the sight's own dict changes as records come (_sight)
         if with_me:
             out[p.id] = p.tail()
         return out
 
     def _sight(self, p: VPeer) -> tuple[dict[str, tuple[chain.Link, ...]], dict[str, tuple[int, bool]]]:
         """The other peers' member records in p's sight: their tails, and what round.view_of reads of them (the
-        round after the last each tail names, training). Kept while p receives no record and none of them
-        expires (``VPeer.held``: its records' count of changes): every poll of every peer reads them, and most
-        polls come between two changes."""
+        round after the last each tail names, training). Every poll of every peer reads them, and most polls come
+        between two changes: a reading is kept and brought up to date with the records that changed since
+        (``VPeer.changed``), and read anew once one of its records expires."""
         got = p.sight
-        if got is not None and got[0] == p.held and self.now < got[1]:
-            return got[2], got[3]
+        if got is None or self.now >= got[0]:
+            return self._read_sight(p)
+        if p.changed:
+            now, ttl, off, me = self.now, self.sc.record_ttl_s, self.off, p.id
+            mine, tails, rounds, moved = off[me], got[1], got[2], False
+            for q in p.changed:
+                rec = p.records.get(q) if q != me else None
+                if rec is None:  # its writer left, or p's own record (never in its sight)
+                    tails.pop(q, None)
+                    moved = rounds.pop(q, None) is not None or moved
+                    continue
+                seen, t = rec[0], rec[1]
+                life = ttl + off.get(q, 0.0) - mine
+                if now - seen >= life:  # came expired (a writer's clock far behind): gone, as _read_sight does
+                    del p.records[q]
+                    tails.pop(q, None)
+                    moved = rounds.pop(q, None) is not None or moved
+                    continue
+                tails[q] = t
+                at = (t[-1][0] + 1 if t else 0, True)
+                if rounds.get(q) != at:
+                    rounds[q], moved = at, True
+                got[0] = min(got[0], seen + life - 1e-9)
+            p.changed.clear()
+            p.sight_v += moved
+        return got[1], got[2]
+
+    def _read_sight(self, p: VPeer) -> tuple[dict[str, tuple[chain.Link, ...]], dict[str, tuple[int, bool]]]:
+        """All of p's member records read anew (``_sight``): the expired ones dropped (only a newer record of
+        their writer brings one back), the others' tails and rounds, and when the first of them expires."""
         # _fresh inlined (the same sums): a record expires record_ttl_s after it was written, on its writer's clock
         now, ttl, off, me = self.now, self.sc.record_ttl_s, self.off, p.id
         mine = off[me]
@@ -191,7 +216,8 @@ class Sight:
                 del p.records[q]
         rounds = {q: (t[-1][0] + 1 if t else 0, True) for q, t in tails.items()}
         # kept until a nanosecond before the first expiry: the test above is a difference, the expiry a sum
-        p.sight = (p.held, expires - 1e-9, tails, rounds)
+        p.sight, p.sight_v = [expires - 1e-9, tails, rounds], p.sight_v + 1
+        p.changed.clear()
         return tails, rounds
 
     def _roster(self, p: VPeer) -> int:
@@ -274,7 +300,7 @@ class Sight:
         made of is (``_sight``'s records, the round's announcers, the last round's senders, the voters)."""
         records = self._sight(p)[1]
         c, seen = p.cores.get(r), p.announcers_of.get(r)
-        key = (p.sight, c, len(c.first_seen) if c else 0, seen, len(seen) if seen else 0, p.senders, p.voters)
+        key = (p.sight_v, c, len(c.first_seen) if c else 0, seen, len(seen) if seen else 0, p.senders, p.voters)
         got = p.views.get(r)
         if got is not None and all(a is b or type(a) is int and a == b for a, b in zip(got[0], key)):
             return got[1]

@@ -227,8 +227,7 @@ class Simulation(Network, Sight, Content, States, Summary):
                 if action == "stop":  # its departure reaches the others: nobody waits for it from then on
                     def gone(q: VPeer, now: float, sent: float = self.now) -> None:
                         if keeps_newest(q, p.id, sent):
-                            q.records.pop(p.id, None)
-                            q.held += 1
+                            q.forget(p.id)
 
                     self._broadcast(p, gone)
                     for k, c in p.cores.items():  # and it abstains from the rounds it witnesses unreported
@@ -247,7 +246,8 @@ class Simulation(Network, Sight, Content, States, Summary):
         if fresh:
             p.hashes, p.applied, p.ledger, p.reputation, p.pools = {-1: committee.GENESIS}, {}, {}, Reputation(), {}
         p.senders, p.step_s, p.told, p.workers = frozenset(), 0.0, {}, {}  # in memory only (its step time: anew)
-        p.records, p.cores, p.newest, p.offer, p.held, p.views = {}, {}, -1, None, p.held + 1, {}
+        p.records, p.cores, p.newest, p.offer, p.sight, p.views = {}, {}, -1, None, None, {}
+        p.changed = set()
         p.lists = {}  # it lists its record until it opens a round
         p.records_of, p.announcers_of, p.weights = defaultdict(list), defaultdict(dict), defaultdict(dict)
         p.reports_at = defaultdict(dict)

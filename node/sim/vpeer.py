@@ -48,8 +48,10 @@ class VPeer:
     # q -> (when seen, its tail, the state it offers: its hashes and applied sets up to its newest round, the
     # round time it claims)
     records: dict[str, tuple[float, tuple[chain.Link, ...], Any, float]] = field(default_factory=dict)
-    held: int = 0  # changes to ``records`` so far (Simulation._sight keeps what it read of them until the next)
-    sight: Any = None  # Simulation._sight's last reading: (held, when a record of it expires, tails, rounds)
+    # the writers whose record changed since Simulation._sight last read ``records`` (it reads only those again)
+    changed: set[str] = field(default_factory=set)
+    sight: Any = None  # Simulation._sight's reading: [when a record of it expires, tails, rounds]; None: read all
+    sight_v: int = 0  # bumped whenever the sight's rounds change (Simulation._view keeps a view until then)
     views: dict[int, Any] = field(default_factory=dict)  # round -> the last view of it made (Simulation._view)
     offer: Any = None  # the state it offers now (one snapshot shared by its readers), rebuilt when it changes
     core: peer_core.PeerCore | None = None  # its rules between rounds (protocol/peer.py), made by Simulation
@@ -80,6 +82,16 @@ class VPeer:
     members_read: float = 0.0  # the member records read up to this time (``Simulation._read_members``)
     holdings_at: tuple[int, float] = (-1, -1.0)  # (round, poll) of its last holdings write
     holdings_read: tuple[int, float] = (-1, -1.0)  # and of its last holdings read
+
+    def hold(self, q: str, record: tuple[float, tuple[chain.Link, ...], Any, float]) -> None:
+        """q's member record, as it reached this peer (its own: as it wrote it)."""
+        self.records[q] = record
+        self.changed.add(q)
+
+    def forget(self, q: str) -> None:
+        """q's member record is gone (q said it left)."""
+        if self.records.pop(q, None) is not None:
+            self.changed.add(q)
 
     def tail(self) -> tuple[chain.Link, ...]:
         return tuple((k, self.hashes[k]) for k in sorted(self.hashes)[-TAIL:] if k >= 0)

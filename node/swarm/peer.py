@@ -968,7 +968,8 @@ class Peer:
 
     def _listed(self) -> bool:
         """Whether this peer's member record goes in the member table now (protocol/roster.py ``listed``)."""
-        return roster_rule.listed(self._lists)
+        engine = self.engine  # None until it resumed or made its state (_prepare)
+        return roster_rule.listed(self._lists, pooled=engine is not None and bool(engine.contributors))
 
     def _roster_size(self, seen: int) -> int:
         """The swarm's size under a committee (roster.Roster): the contributors ledger plus the keys outside it

@@ -6,9 +6,7 @@ everyone. With a drawn committee a round waits for, and counts, its drawn keys a
 announce in it only. So only their records go in the member table:
 
 - A key lists its record there while it is drawn (a contributor or a witness) in a round it computes or
-  decides, and while it announces as a newcomer. Before it opened a round it lists only at a run's start,
-  while its state has no pool: then every key is a newcomer and the records in sight are the roster. A
-  joiner or a restart into a pooled run waits unlisted until a round draws it or admits it to announce.
+  decides, while it announces as a newcomer, and before it opened a round (a joiner, or a run's start).
 - Every key also writes its record under a key of its own. A reader reads that one only to verify a record
   of a key it has not seen listed, or to dial it.
 - Votes count from the keys a reader drew for its last rounds only (``sampled``): listing is a claim.
@@ -39,14 +37,12 @@ def lists(key: str, drawn: Committee | None, announces: bool) -> bool:
     return drawn is None or key in drawn.contributors or key in drawn.witnesses or announces
 
 
-def listed(lists: Mapping[int, bool], pooled: bool) -> bool:
+def listed(lists: Mapping[int, bool]) -> bool:
     """Whether a key lists its record now, from ``lists`` (round -> ``lists`` for the rounds it opened): for
-    the newest round it opened (the one it computes) or the one before (the one it decides). Before it opened
-    any, only while the state it holds has no pool (``pooled``: its contributors ledger holds keys). At a run's
-    start nobody's view would count it otherwise; a joiner listed until its first round would cost every
-    reader a record, and under churn joiners come in proportion to the swarm."""
+    the newest round it opened (the one it computes) or the one before (the one it decides), and always
+    before it opened any (a joiner, a restart, a run's start)."""
     if not lists:
-        return not pooled
+        return True
     newest = max(lists)
     return lists[newest] or lists.get(newest - 1, False)
 

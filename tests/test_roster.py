@@ -26,11 +26,9 @@ def test_a_key_lists_its_record_while_drawn_or_announcing_and_always_without_a_c
 
 
 def test_a_key_lists_for_the_round_it_computes_and_the_one_it_decides() -> None:
-    assert roster.listed({}, pooled=False)  # a run's start: nobody's view would count it otherwise
-    assert not roster.listed({}, pooled=True)  # a joiner or a restart into a pooled run: not before it is drawn
-    for pooled in (False, True):
-        assert roster.listed({4: True, 5: False}, pooled) and roster.listed({4: False, 5: True}, pooled)
-        assert not roster.listed({3: True, 4: False, 5: False}, pooled)  # drawn two rounds back: out of the table
+    assert roster.listed({})  # a joiner, a restart, a run's start: nobody's view would count it otherwise
+    assert roster.listed({4: True, 5: False}) and roster.listed({4: False, 5: True})
+    assert not roster.listed({3: True, 4: False, 5: False})  # drawn two rounds back: out of the table
 
 
 def _announcers(c: cm.Committee, base: str, outside: list[str], roster_size: int) -> list[str]:
@@ -99,43 +97,6 @@ def test_a_committee_swarm_reads_about_as_many_member_records_at_128_peers_as_at
     assert members(128) <= 1.3 * members(32)
     monkeypatch.setattr(roster, "lists", lambda key, drawn, announces: True)
     assert members(128) > 2 * members(32)
-
-
-def test_a_joiner_holding_a_pooled_state_lists_no_record_before_a_round_draws_it(monkeypatch) -> None:
-    """32 peers start a committee run (4,8,1; 30 s rounds; 10 rounds, seed 0); 32 more join at round 3. A
-    joiner lists its record before its first round only until it holds the run's state, whose ledger holds
-    keys: 64 listed records of the joiners, 2 each, all written before their state download. Listed until
-    their first round, as at a run's start, they wrote 180, and every peer read 1,441 member records a round
-    instead of 1,282. Joiners still get in: some of them contribute."""
-    from gradnode.node.config import Config
-    from gradnode.node.sim import scenario, sight, virtual
-
-    joins = ",".join(f"join:{i}@r3" for i in range(32, 64))
-    early: list[tuple[str, bool]] = []  # joiners' listed records before their first round: (key, holds a pool)
-    publish = sight.Sight._publish_record
-
-    def noted(self, p, hashes=()):
-        if int(p.id[1:]) >= 32 and not p.lists and self._listed(p):
-            early.append((p.id, bool(p.ledger)))
-        return publish(self, p, hashes)
-
-    monkeypatch.setattr(sight.Sight, "_publish_record", noted)
-
-    def run() -> virtual.Simulation:
-        early.clear()
-        sim = virtual.Simulation(scenario.of_config(Config(), peers=64, rounds=10, seed=0, committee=(4, 8, 1),
-                                                    compute_s=30.0, **scenario.parse_faults(joins, 64)))
-        out = sim.run()
-        assert out["violations"] == [] and out["final_hashes"] == 1 and not out["stalled"], out
-        return sim
-
-    sim = run()
-    assert early and not any(pooled for _, pooled in early), early
-    assert any(int(q[1:]) >= 32 for q in sim.peers["p0000"].ledger), sim.peers["p0000"].ledger
-    listed = roster.listed
-    monkeypatch.setattr(roster, "listed", lambda lists, pooled: not lists or listed(lists, pooled))
-    run()
-    assert any(pooled for _, pooled in early), "without the rule no joiner lists while it holds a pooled state"
 
 
 def test_under_a_committee_only_the_keys_drawn_for_the_last_rounds_vote() -> None:

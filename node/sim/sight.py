@@ -90,7 +90,7 @@ class Sight:
 
     def _listed(self, p: VPeer) -> bool:
         """Whether p's member record goes in the member table now (``roster.listed``, as the node's)."""
-        return roster.listed(p.lists, pooled=bool(p.ledger))
+        return roster.listed(p.lists)
 
     def _weighers(self, p: VPeer, r: int) -> frozenset[str] | None:
         """Whose weight hashes of round r count for p, and so who publishes one (``committee.weighers`` of the

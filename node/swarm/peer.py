@@ -968,8 +968,7 @@ class Peer:
 
     def _listed(self) -> bool:
         """Whether this peer's member record goes in the member table now (protocol/roster.py ``listed``)."""
-        engine = self.engine  # None until it resumed or made its state (_prepare)
-        return roster_rule.listed(self._lists, pooled=engine is not None and bool(engine.contributors))
+        return roster_rule.listed(self._lists)
 
     def _roster_size(self, seen: int) -> int:
         """The swarm's size under a committee (roster.Roster): the contributors ledger plus the keys outside it

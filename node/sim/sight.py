@@ -175,18 +175,16 @@ class Sight:
             now, ttl, off, me = self.now, self.sc.record_ttl_s, self.off, p.id
             mine, tails, rounds, moved = off[me], got[1], got[2], False
             for q in p.changed:
-                rec = p.records.get(q) if q != me else None
-                if rec is None:  # its writer left, or p's own record (never in its sight)
+                rec = p.records.get(q) if q != me else None  # p's own record is never in its sight
+                life = ttl + off.get(q, 0.0) - mine
+                if rec is not None and now - rec[0] >= life:  # came expired (its writer's clock far behind)
+                    del p.records[q]
+                    rec = None
+                if rec is None:  # its writer left, or its record expired: gone, as _read_sight drops it
                     tails.pop(q, None)
                     moved = rounds.pop(q, None) is not None or moved
                     continue
                 seen, t = rec[0], rec[1]
-                life = ttl + off.get(q, 0.0) - mine
-                if now - seen >= life:  # came expired (a writer's clock far behind): gone, as _read_sight does
-                    del p.records[q]
-                    tails.pop(q, None)
-                    moved = rounds.pop(q, None) is not None or moved
-                    continue
                 tails[q] = t
                 at = (t[-1][0] + 1 if t else 0, True)
                 if rounds.get(q) != at:

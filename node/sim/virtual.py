@@ -246,8 +246,7 @@ class Simulation(Network, Sight, Content, States, Summary):
         if fresh:
             p.hashes, p.applied, p.ledger, p.reputation, p.pools = {-1: committee.GENESIS}, {}, {}, Reputation(), {}
         p.senders, p.step_s, p.told, p.workers = frozenset(), 0.0, {}, {}  # in memory only (its step time: anew)
-        p.records, p.cores, p.newest, p.offer, p.sight, p.views = {}, {}, -1, None, None, {}
-        p.changed = set()
+        p.records, p.cores, p.newest, p.offer, p.sight, p.views = {}, {}, -1, None, None, {}  # sight: read anew
         p.lists = {}  # it lists its record until it opens a round
         p.records_of, p.announcers_of, p.weights = defaultdict(list), defaultdict(dict), defaultdict(dict)
         p.reports_at = defaultdict(dict)

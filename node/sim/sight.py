@@ -173,7 +173,7 @@ class Sight:
             return self._read_sight(p)
         if p.changed:
             now, ttl, off, me = self.now, self.sc.record_ttl_s, self.off, p.id
-            mine, tails, rounds, moved = off[me], got[1], got[2], False
+            mine, tails, rounds, moves = off[me], got[1], got[2], p.moves
             for q in p.changed:
                 rec = p.records.get(q) if q != me else None  # p's own record is never in its sight
                 life = ttl + off.get(q, 0.0) - mine
@@ -182,21 +182,27 @@ class Sight:
                     rec = None
                 if rec is None:  # its writer left, or its record expired: gone, as _read_sight drops it
                     tails.pop(q, None)
-                    moved = rounds.pop(q, None) is not None or moved
+                    if rounds.pop(q, None) is not None:
+                        moves.append(q)
                     continue
                 seen, t = rec[0], rec[1]
                 tails[q] = t
                 at = (t[-1][0] + 1 if t else 0, True)
                 if rounds.get(q) != at:
-                    rounds[q], moved = at, True
+                    rounds[q] = at
+                    moves.append(q)
                 got[0] = min(got[0], seen + life - 1e-9)
             p.changed.clear()
-            p.sight_v += moved
+            if len(moves) > 2 * len(rounds) + 64:  # the kept views would replay more than a view anew reads
+                return self._read_sight(p, keep_views=False)
         return got[1], got[2]
 
-    def _read_sight(self, p: VPeer) -> tuple[dict[str, tuple[chain.Link, ...]], dict[str, tuple[int, bool]]]:
+    def _read_sight(self, p: VPeer, keep_views: bool = True) -> tuple[dict[str, tuple[chain.Link, ...]],
+                                                                     dict[str, tuple[int, bool]]]:
         """All of p's member records read anew (``_sight``): the expired ones dropped (only a newer record of
-        their writer brings one back), the others' tails and rounds, and when the first of them expires."""
+        their writer brings one back), the others' tails and rounds, and when the first of them expires. The
+        writers whose rounds differ from the last reading are p's ``moves``, for the views it keeps; with no
+        last reading, or not ``keep_views``, the views are made anew."""
         # _fresh inlined (the same sums): a record expires record_ttl_s after it was written, on its writer's clock
         now, ttl, off, me = self.now, self.sc.record_ttl_s, self.off, p.id
         mine = off[me]
@@ -213,8 +219,13 @@ class Sight:
             if q != me:
                 del p.records[q]
         rounds = {q: (t[-1][0] + 1 if t else 0, True) for q, t in tails.items()}
+        was = p.sight[2] if p.sight is not None and keep_views and len(p.moves) <= 2 * len(rounds) + 64 else None
+        if was is None:
+            p.sight_epoch, p.moves = p.sight_epoch + 1, []
+        elif was != rounds:
+            p.moves += [q for q in was.keys() | rounds.keys() if was.get(q) != rounds.get(q)]
         # kept until a nanosecond before the first expiry: the test above is a difference, the expiry a sum
-        p.sight, p.sight_v = [expires - 1e-9, tails, rounds], p.sight_v + 1
+        p.sight = [expires - 1e-9, tails, rounds]
         p.changed.clear()
         return tails, rounds
 
@@ -294,18 +305,26 @@ class Sight:
         """What p's member records say, by the node's rule (``round.view_of``): the peers whose record it saw
         within the ttl (a split hides the others once theirs go stale), each at the round after the last its
         tail names; the last round p applied's senders and this round's announcers are counted; with
-        ``votes`` other than 'everyone' only p's voters vote (``VPeer.voters``). The same view while what it is
-        made of is (``_sight``'s records, the round's announcers, the last round's senders, the voters)."""
+        ``votes`` other than 'everyone' only p's voters vote (``VPeer.voters``). One ``round.Views`` is kept
+        per round while the round's core, the last round's senders, the voters and the sight's reading stay
+        the same, and brought up to date with the records that moved and the announcers that came since."""
         records = self._sight(p)[1]
         c, seen = p.cores.get(r), p.announcers_of.get(r)
-        key = (p.sight_v, c, len(c.first_seen) if c else 0, seen, len(seen) if seen else 0, p.senders, p.voters)
+        key = (p.sight_epoch, c, seen, p.senders, p.voters)
+        moves, first = len(p.moves), len(c.first_seen) if c else 0
+        n_seen = len(seen) if seen else 0
         got = p.views.get(r)
         if got is not None and all(a is b or type(a) is int and a == b for a, b in zip(got[0], key)):
-            return got[1]
-        voters = p.voters or ()
-        view = core.view_of(records, p.id, r, announced=self._announced(p, r), workers=p.senders, voters=voters)
-        p.views[r] = (key, view)
-        return view
+            _, views, at, was_first, was_seen = got
+            if at < moves:
+                views.moved(records, p.moves[at:])
+            if was_first != first or was_seen != n_seen:
+                views.announced(records, self._announced(p, r))
+        else:
+            views = core.Views(records, p.id, r, announced=self._announced(p, r), workers=p.senders,
+                               voters=p.voters or ())
+        p.views[r] = (key, views, moves, first, n_seen)
+        return views.view()
 
 
 def keeps_newest(q: VPeer, key: Any, sent: float) -> bool:

@@ -338,14 +338,27 @@ class Simulation(Network, Sight, Content, States, Summary):
         keeping up, at the round time ``pace`` (clock.CutTime; with ``predict``, from round r - 1's deadline
         before r's is known)."""
 
+        def made_of(k: int) -> tuple[Any, ...]:
+            # what a round's sightings and count are made of: its view (kept while its records stay: _view), its
+            # core and the announcers seen (both only grow)
+            c, seen = p.cores.get(k), p.announcers_of.get(k)
+            return self._view(p, k), c, len(c.first_seen) if c else 0, len(seen) if seen else 0
+
         def seen(k: int) -> tuple[dict[str, float], int]:
             first = self._announced(p, k)
             v = self._view(p, k)
             return first, 1 + len(v.counted - (v.ahead - first.keys()))
 
+        # the same cut time while what it is made of is the same: a computing peer asks at every poll
+        key = (r, predict, pace, made_of(r), made_of(r - 1) if predict and r > 0 else None)
+        got = p.cut
+        if got is not None and _same(got[0], key):
+            return got[1]
         window = core.window_s(self.sc.params, pace)
         previous = seen(r - 1) if predict and r > 0 else None
-        return core.cut_at(*seen(r), window, pace, previous)
+        cut = core.cut_at(*seen(r), window, pace, previous)
+        p.cut = (key, cut)
+        return cut
 
     def _abstain(self, p: VPeer, r: int) -> None:
         """p sits round r out: it says so at once (nobody waits for its report; a report it made before, on any chain,
@@ -712,6 +725,14 @@ class Simulation(Network, Sight, Content, States, Summary):
             act = p.core.step(peer_core.ChainsLooked(self.now, max(p.hashes) + 1, peer_core.Chains(self._tails(p))))
         if isinstance(act, peer_core.Resync):
             self._resync(p, r, act)
+
+
+def _same(a: tuple[Any, ...] | None, b: tuple[Any, ...] | None) -> bool:
+    """Two keys of kept results are the same: numbers equal, everything else the very same object."""
+    if a is None or b is None:
+        return a is b
+    return len(a) == len(b) and all(x is y or (type(x) in (int, float, bool) and x == y) or
+                                    (type(x) is tuple and type(y) is tuple and _same(x, y)) for x, y in zip(a, b))
 
 
 def _half(peer: str, round_: int) -> bool:

@@ -51,8 +51,12 @@ class VPeer:
     # the writers whose record changed since Simulation._sight last read ``records`` (it reads only those again)
     changed: set[str] = field(default_factory=set)
     sight: Any = None  # Simulation._sight's reading: [when a record of it expires, tails, rounds]; None: read all
-    sight_v: int = 0  # bumped whenever the sight's rounds change (Simulation._view keeps a view until then)
-    views: dict[int, Any] = field(default_factory=dict)  # round -> the last view of it made (Simulation._view)
+    # the writers whose rounds in the sight changed since it was last read anew, in order, and how often it was
+    # (Simulation._view brings its kept views up to date with them)
+    moves: list[str] = field(default_factory=list)
+    sight_epoch: int = 0
+    views: dict[int, Any] = field(default_factory=dict)  # round -> the view of it kept (Simulation._view)
+    cut: Any = None  # (what it was made of, the cut time) kept (Simulation._cut_at)
     offer: Any = None  # the state it offers now (one snapshot shared by its readers), rebuilt when it changes
     core: peer_core.PeerCore | None = None  # its rules between rounds (protocol/peer.py), made by Simulation
     # the hash check handed to the chores thread at the last apply, settled at the next

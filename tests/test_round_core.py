@@ -609,3 +609,28 @@ def test_an_announcer_out_of_sight_is_waited_for() -> None:
     for w in "bcd":
         c.step(rc.ReportSeen(0.2, report(w, PEERS)))
     assert c.phase is rc.Phase.DECIDING and c.decided is None and "e" not in c._absent()
+
+
+_writers = st.sampled_from([f"k{i}" for i in range(8)] + ["me"])
+_record = st.tuples(st.integers(0, 12), st.booleans())
+
+
+@settings(max_examples=200, deadline=None)
+@given(first=st.dictionaries(_writers, _record), round_=st.integers(0, 8), workers=st.sets(_writers),
+       voters=st.sets(_writers), announced=st.sets(_writers),
+       changes=st.lists(st.tuples(_writers, st.none() | _record, st.sets(_writers, max_size=2)), max_size=12))
+def test_a_kept_view_is_the_view_made_anew_after_any_changes(first, round_, workers, voters, announced,
+                                                            changes) -> None:
+    """round.Views, brought up to date one record or announcer at a time, says what view_of says of the
+    records and announcers as they are then."""
+    records, here = dict(first), set(announced)
+    kept = rc.Views(records, "me", round_, announced=here, workers=workers, voters=voters)
+    for writer, record, came in changes:
+        if record is None:
+            records.pop(writer, None)
+        else:
+            records[writer] = record
+        kept.moved(records, [writer])
+        here |= came
+        kept.announced(records, here)
+        assert kept.view() == rc.view_of(records, "me", round_, announced=here, workers=workers, voters=voters)
